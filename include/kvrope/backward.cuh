@@ -1,0 +1,281 @@
+// The backward of "write RoPE'd keys and values into a static KV cache": validation and launchers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+#include "backward_params.cuh"
+#include "core/arch.cuh"
+#include "core/dispatch.cuh"
+#include "core/dtype.cuh"
+#include "core/status.cuh"
+#include "detail/backward_kernel.cuh"
+#include "detail/validate.cuh"
+
+namespace kvrope {
+
+//! Which kernel instance a call takes.
+enum class BackwardPath : int {
+  kNothingToDo = 0,     //!< no element to read or write (for example B = 0): nothing is launched
+  kCompiledHeadDim,     //!< head_dim has a compile-time instance, 16-byte accesses
+  kGenericVectorized,   //!< head_dim read at run time, 16-byte accesses
+  kGenericScalar,       //!< pointers or strides not 16-byte aligned (or D/2 not a multiple of the vector): one element per access
+};
+
+//! What a call launches: filled by plan_backward without launching anything.
+struct BackwardPlan {
+  BackwardPath path = BackwardPath::kNothingToDo;
+  int head_dim_instance = 0;  //!< compiled head dim, 0 for the generic paths
+  int vec_width = 0;          //!< elements per access
+  int grid = 0;               //!< blocks of the persistent grid
+  int block = 0;              //!< threads per block
+  int shared_bytes = 0;       //!< dynamic shared memory per block (the bitmask of rows in cache_position)
+};
+
+namespace detail {
+
+#define KVROPE_DETAIL_HEAD_STRIDES(x) {#x ".batch_stride", #x ".head_stride", #x ".seq_stride"}
+#define KVROPE_DETAIL_TOKEN_STRIDES(x) {#x ".batch_stride", #x ".seq_stride"}
+
+template <typename T, typename Pos>
+std::array<Layout, 4> common_inputs(const BackwardCommon<T, Pos>& p) {
+  const bool tables = p.grad_cos.data != nullptr || p.grad_sin.data != nullptr;
+  const int64_t key_batch = tables ? p.batch : 0;  // key_states is not read without table gradients
+  const int64_t table_batch = p.heads > 0 ? p.batch : 0;
+  Layout pos{"cache_position", p.cache_position, int64_t{sizeof(Pos)}, 1, 1, {p.batch > 0 ? p.seq_len : 0, 1, 1},
+             {1, 0, 0}, {"cache_position", nullptr, nullptr}};
+  return {head_layout("key_states", KVROPE_DETAIL_HEAD_STRIDES(key_states), p.key_states, key_batch, p.heads,
+                      p.seq_len, p.head_dim),
+          token_layout("cos", KVROPE_DETAIL_TOKEN_STRIDES(cos), p.cos, table_batch, p.seq_len, p.head_dim),
+          token_layout("sin", KVROPE_DETAIL_TOKEN_STRIDES(sin), p.sin, table_batch, p.seq_len, p.head_dim), pos};
+}
+
+template <typename T, typename Pos>
+std::array<Layout, 4> common_outputs(const BackwardCommon<T, Pos>& p) {
+  return {head_layout("grad_key_states", KVROPE_DETAIL_HEAD_STRIDES(grad_key_states), p.grad_key_states, p.batch,
+                      p.heads, p.seq_len, p.head_dim),
+          head_layout("grad_value_states", KVROPE_DETAIL_HEAD_STRIDES(grad_value_states), p.grad_value_states,
+                      p.batch, p.heads, p.seq_len, p.head_dim),
+          token_layout("grad_cos", KVROPE_DETAIL_TOKEN_STRIDES(grad_cos), p.grad_cos,
+                       p.grad_cos.data ? p.batch : 0, p.seq_len, p.head_dim),
+          token_layout("grad_sin", KVROPE_DETAIL_TOKEN_STRIDES(grad_sin), p.grad_sin,
+                       p.grad_sin.data ? p.batch : 0, p.seq_len, p.head_dim)};
+}
+
+template <typename T, size_t N, size_t M>
+std::array<T, N + M> concat(const std::array<T, N>& a, const std::array<T, M>& b) {
+  std::array<T, N + M> out;
+  std::copy(a.begin(), a.end(), out.begin());
+  std::copy(b.begin(), b.end(), out.begin() + N);
+  return out;
+}
+
+template <typename T>
+bool aligned16(const HeadRows<T>& v) {
+  return reinterpret_cast<uintptr_t>(v.data) % 16 == 0 && (v.batch_stride * sizeof(T)) % 16 == 0 &&
+         (v.head_stride * sizeof(T)) % 16 == 0 && (v.seq_stride * sizeof(T)) % 16 == 0;
+}
+template <typename T>
+bool aligned16(const TokenRows<T>& v) {
+  return reinterpret_cast<uintptr_t>(v.data) % 16 == 0 && (v.batch_stride * sizeof(T)) % 16 == 0 &&
+         (v.seq_stride * sizeof(T)) % 16 == 0;
+}
+
+template <typename T, typename Pos>
+BackwardArgs<T> make_args(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk, HeadRows<const T> gv,
+                          HeadRows<T> gk_out, HeadRows<T> gv_out, bool in_place) {
+  constexpr int64_t kMaxWindowRows = 65536;  // 8 KiB of bitmask
+  const int64_t rows = std::max<int64_t>(p.cache_len, 1);
+  BackwardArgs<T> a{};
+  a.batch = p.batch;
+  a.heads = p.heads;
+  a.seq_len = p.seq_len;
+  a.cache_len = p.cache_len;
+  a.head_dim = p.head_dim;
+  a.gk = gk;
+  a.gv = gv;
+  a.gk_out = gk_out;
+  a.gv_out = gv_out;
+  a.key = p.key_states;
+  a.cos = p.cos;
+  a.sin = p.sin;
+  a.grad_key = p.grad_key_states;
+  a.grad_value = p.grad_value_states;
+  a.grad_cos = p.grad_cos;
+  a.grad_sin = p.grad_sin;
+  a.positions = p.cache_position;
+  a.positions_are_int64 = sizeof(Pos) == 8;
+  a.in_place = in_place;
+  a.error_flag = p.error_flag;
+  a.window_rows = std::min<int64_t>((rows + 31) / 32 * 32, kMaxWindowRows);
+  a.div_seq = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(p.seq_len, 1)));
+  a.div_heads = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(p.heads, 1)));
+  return a;
+}
+
+// Picks the instance and the grid; launches it unless `plan_only`.
+template <typename T>
+Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cudaStream_t stream,
+                       BackwardPlan* plan_out, bool plan_only) {
+  static_assert(kIsSupportedType<T>, "kvrope: T must be __nv_bfloat16, __half or float");
+  constexpr int kWide = 16 / sizeof(T);
+  BackwardPlan plan{};
+  const int64_t tokens = a.batch * a.seq_len;
+  const int64_t copy_elems = a.in_place ? 0 : 2 * a.batch * a.heads * a.cache_len * a.head_dim;
+  if (a.batch == 0 || (tokens == 0 && copy_elems == 0)) {
+    if (plan_out) *plan_out = plan;
+    return {};
+  }
+  const bool tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
+  const bool vec = a.head_dim % (2 * kWide) == 0 && aligned16(a.gk) && aligned16(a.gv) && aligned16(a.gk_out) &&
+                   aligned16(a.gv_out) && (!tables || aligned16(a.key)) && aligned16(a.cos) && aligned16(a.sin) &&
+                   aligned16(a.grad_key) && aligned16(a.grad_value) && aligned16(a.grad_cos) &&
+                   aligned16(a.grad_sin);
+
+  using Kernel = void (*)(BackwardArgs<T>);
+  Kernel kernel = backward_kernel<T, 0, 1>;
+  plan.path = BackwardPath::kGenericScalar;
+  plan.vec_width = 1;
+  if (vec) {
+    plan.vec_width = kWide;
+    plan.head_dim_instance = dispatch_head_dim(a.head_dim, [&](auto head_dim) {
+      kernel = backward_kernel<T, decltype(head_dim)::value, kWide>;
+      return decltype(head_dim)::value;
+    });
+    plan.path = plan.head_dim_instance ? BackwardPath::kCompiledHeadDim : BackwardPath::kGenericVectorized;
+  }
+
+  int device = 0, sms = 0, major = 0, minor = 0;
+  if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
+  if (Status s = cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"); !s) return s;
+  if (Status s = cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute"); !s) return s;
+  if (Status s = cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute"); !s) return s;
+  const LaunchTuning tune = tuning ? *tuning : default_tuning(major, minor);
+  plan.block = std::clamp(tune.block_threads / 32 * 32, 32, kMaxBlockThreads);
+  const int64_t token_blocks = (tokens + plan.block / 32 - 1) / (plan.block / 32);
+  const int64_t copy_blocks = (copy_elems / plan.vec_width + int64_t{plan.block} * kCopyUnroll - 1) /
+                              (int64_t{plan.block} * kCopyUnroll);
+  const int64_t max_blocks = int64_t{sms} * std::max(tune.blocks_per_sm, 1);
+  plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(token_blocks, copy_blocks), 1, max_blocks));
+  plan.shared_bytes = static_cast<int>(mask_bytes(a.window_rows));
+  if (plan_out) *plan_out = plan;
+  if (plan_only) return {};
+
+  kernel<<<plan.grid, plan.block, plan.shared_bytes, stream>>>(a);
+  return cuda_status(cudaGetLastError(), "kernel launch");
+}
+
+}  // namespace detail
+
+//! Checks an out-of-place call without touching the device: sizes, required pointers (a tensor with
+//! no elements may be null), non-negative strides, outputs whose rows don't overlap, and outputs
+//! that overlap no input and no other output. Returns the first problem with the field's name.
+template <typename T, typename Pos>
+Status validate(const BackwardParams<T, Pos>& p) {
+  using namespace detail;
+  if (Status s = check_common_sizes(p); !s) return s;
+  const std::array<Layout, 2> caches{
+      head_layout("grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache, p.batch, p.heads,
+                  p.cache_len, p.head_dim),
+      head_layout("grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache, p.batch,
+                  p.heads, p.cache_len, p.head_dim)};
+  const std::array<Layout, 2> cache_grads{
+      head_layout("grad_key_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache_input), p.grad_key_cache_input,
+                  p.batch, p.heads, p.cache_len, p.head_dim),
+      head_layout("grad_value_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache_input),
+                  p.grad_value_cache_input, p.batch, p.heads, p.cache_len, p.head_dim)};
+  return check_tensors(concat(caches, common_inputs(p)), concat(common_outputs(p), cache_grads));
+}
+
+//! Checks an in-place call: as for the out-of-place one, with gK and gV counted as outputs (they
+//! are written), so they may overlap nothing else.
+template <typename T, typename Pos>
+Status validate(const BackwardInPlaceParams<T, Pos>& p) {
+  using namespace detail;
+  if (Status s = check_common_sizes(p); !s) return s;
+  const std::array<Layout, 2> caches{
+      head_layout("grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache, p.batch, p.heads,
+                  p.cache_len, p.head_dim),
+      head_layout("grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache, p.batch,
+                  p.heads, p.cache_len, p.head_dim)};
+  return check_tensors(common_inputs(p), concat(common_outputs(p), caches));
+}
+
+#undef KVROPE_DETAIL_HEAD_STRIDES
+#undef KVROPE_DETAIL_TOKEN_STRIDES
+
+namespace detail {
+template <typename T, typename Pos>
+BackwardArgs<T> args_of(const BackwardParams<T, Pos>& p) {
+  return make_args<T, Pos>(p, p.grad_key_cache, p.grad_value_cache, p.grad_key_cache_input,
+                           p.grad_value_cache_input, false);
+}
+template <typename T, typename Pos>
+BackwardArgs<T> args_of(const BackwardInPlaceParams<T, Pos>& p) {
+  return make_args<T, Pos>(p, p.grad_key_cache, p.grad_value_cache, p.grad_key_cache, p.grad_value_cache, true);
+}
+template <typename Params>
+Status run_backward(const Params& params, const LaunchTuning* tuning, cudaStream_t stream, BackwardPlan* plan,
+                    bool plan_only) {
+  if (Status s = validate(params); !s) return s;
+  return plan_and_launch(args_of(params), tuning, stream, plan, plan_only);
+}
+}  // namespace detail
+
+//! Out-of-place backward (DESIGN.md section 1) in one kernel launch on `stream`. Validates first and
+//! launches nothing when the parameters are invalid. Allocates nothing, does not synchronize and
+//! reads no device memory on the host, so it may be captured in a CUDA graph.
+//! Out-of-range positions are reported through params.error_flag (see read_error_flag).
+//!
+//! @param params  device pointers, sizes and strides
+//! @param stream  the stream to launch on
+//! @return        the first invalid field, a CUDA launch error, or success
+template <typename T, typename Pos>
+Status kv_cache_rope_backward(const BackwardParams<T, Pos>& params, cudaStream_t stream = nullptr) {
+  return detail::run_backward(params, nullptr, stream, nullptr, false);
+}
+
+//! In-place backward: gK and gV are read, and their rows cache_position zeroed, in the same launch.
+//! Repeated positions are handled (each token reads its row; the row is zeroed after the last read).
+template <typename T, typename Pos>
+Status kv_cache_rope_backward(const BackwardInPlaceParams<T, Pos>& params, cudaStream_t stream = nullptr) {
+  return detail::run_backward(params, nullptr, stream, nullptr, false);
+}
+
+//! Either variant with explicit launch parameters instead of the device's default_tuning() (for
+//! tuning studies).
+template <typename Params>
+Status kv_cache_rope_backward(const Params& params, const LaunchTuning& tuning, cudaStream_t stream = nullptr) {
+  return detail::run_backward(params, &tuning, stream, nullptr, false);
+}
+
+//! Fills `plan` with what kv_cache_rope_backward would launch on the current device, launching
+//! nothing (either variant).
+template <typename Params>
+Status plan_backward(const Params& params, BackwardPlan* plan) {
+  return detail::run_backward(params, nullptr, nullptr, plan, true);
+}
+
+//! Zeroes an error flag on `stream` (asynchronous; capturable).
+inline Status reset_error_flag(int* flag, cudaStream_t stream = nullptr) {
+  return detail::cuda_status(cudaMemsetAsync(flag, 0, sizeof(int), stream), "cudaMemsetAsync");
+}
+
+//! Reads an error flag written by earlier launches on `stream`. Synchronizes the stream, so call it
+//! outside graph capture. Returns kPositionOutOfRange (field "cache_position") if a position was out
+//! of range, success otherwise.
+inline Status read_error_flag(const int* flag, cudaStream_t stream = nullptr) {
+  int value = 0;
+  if (Status s = detail::cuda_status(cudaMemcpyAsync(&value, flag, sizeof(int), cudaMemcpyDeviceToHost, stream),
+                                     "cudaMemcpyAsync");
+      !s)
+    return s;
+  if (Status s = detail::cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); !s) return s;
+  if (value & kErrorPositionOutOfRange) return detail::fail(StatusCode::kPositionOutOfRange, "cache_position");
+  return {};
+}
+
+}  // namespace kvrope

@@ -1,0 +1,40 @@
+// Element types kvrope supports and their conversions to and from fp32 (all arithmetic is fp32).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+namespace kvrope {
+
+//! True for the element types the ops are instantiated for: __nv_bfloat16, __half, float.
+template <typename T>
+inline constexpr bool kIsSupportedType = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half> ||
+                                         std::is_same_v<T, float>;
+
+__host__ __device__ inline float to_float(float x) { return x; }
+__host__ __device__ inline float to_float(__half x) { return __half2float(x); }
+__host__ __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+//! Rounds an fp32 value to T (round to nearest even): the op's single rounding.
+template <typename T>
+__host__ __device__ inline T from_float(float x) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(x);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return x;
+  }
+}
+
+//! A short name of T for messages: "bf16", "fp16", "fp32".
+template <typename T>
+constexpr const char* dtype_name() {
+  if constexpr (std::is_same_v<T, __half>) return "fp16";
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return "bf16";
+  else return "fp32";
+}
+
+}  // namespace kvrope

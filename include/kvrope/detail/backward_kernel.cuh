@@ -1,0 +1,284 @@
+// The fused backward kernel: token work (gather, RoPE backward, head sums, in-place zeroing) and copy
+// work (the cache rows not in cache_position) in one persistent launch.
+#pragma once
+
+#include <cstdint>
+
+#include "../backward_params.cuh"
+#include "../core/arch.cuh"
+#include "../core/divmod.cuh"
+#include "../rope.cuh"
+
+namespace kvrope::detail {
+
+//! Everything the kernel reads, with the two variants folded into one shape: the cache-input
+//! gradients gk_out / gv_out are new buffers (out-of-place) or gk / gv themselves (in-place).
+template <typename T>
+struct BackwardArgs {
+  int64_t batch, heads, seq_len, cache_len, head_dim;
+  HeadRows<const T> gk, gv;
+  HeadRows<T> gk_out, gv_out;
+  HeadRows<const T> key;
+  TokenRows<const T> cos, sin;
+  HeadRows<T> grad_key, grad_value;
+  TokenRows<T> grad_cos, grad_sin;
+  const void* positions;
+  bool positions_are_int64;
+  bool in_place;
+  int* error_flag;
+  int64_t window_rows;  // cache rows one shared-memory bitmask covers: a multiple of 32
+  FastDivmod div_seq;   // token index -> (b, t)
+  FastDivmod div_heads;
+};
+
+inline constexpr int kCopyUnroll = 4;
+
+// Elements per access of the token work: at most 4 (8 bytes of bf16/fp16, 16 of fp32), so that a
+// lane's chunk pair, its table values and its two head-sum accumulators fit in registers.
+template <typename T, int kVec>
+inline constexpr int kTokenVec = kVec > 4 ? 4 : kVec;
+
+//! Bytes of dynamic shared memory for a window of `window_rows` rows (one bit each).
+inline constexpr int64_t mask_bytes(int64_t window_rows) { return window_rows / 32 * 4; }
+
+// The row of the cache token t was written to, or -1 when its position is out of range.
+template <typename T>
+__device__ __forceinline__ int64_t cache_row(const BackwardArgs<T>& a, int64_t t) {
+  int64_t p = a.positions_are_int64 ? static_cast<const int64_t*>(a.positions)[t]
+                                    : static_cast<const int32_t*>(a.positions)[t];
+  if (p < 0) p += a.cache_len;
+  return (p >= 0 && p < a.cache_len) ? p : -1;
+}
+
+// A chunk pair as loaded, still in T (widened to fp32 where it is used).
+template <typename T, int N>
+struct RawChunk {
+  Vec<T, N> lo, hi;
+  __device__ __forceinline__ RopeChunk<N> widen() const {
+    RopeChunk<N> c;
+    lo.to_float(c.lo);
+    hi.to_float(c.hi);
+    return c;
+  }
+};
+
+template <cub::CacheLoadModifier M, int N, typename T>
+__device__ __forceinline__ RawChunk<T, N> load_raw(const T* row, int64_t h, int64_t i0) {
+  return RawChunk<T, N>{load_vec<M, T, N>(row + i0), load_vec<M, T, N>(row + h + i0)};
+}
+
+template <cub::CacheStoreModifier M, typename T, int N>
+__device__ __forceinline__ void store_raw(T* row, int64_t h, int64_t i0, const RawChunk<T, N>& c) {
+  store_vec<M>(row + i0, c.lo);
+  store_vec<M>(row + h + i0, c.hi);
+}
+
+// How a warp covers the head rows of one token. Each lane owns chunk pairs (N elements of the first
+// half and the N they pair with in the second half); the heads of one chunk sit in consecutive
+// lanes ("slots"), so the head sum is a butterfly over the low lane bits.
+template <int kHeadDim, int kVec>
+struct WarpLayout {
+  int64_t half;     // h = D / 2
+  int pairs;        // chunk pairs per row: h / kVec
+  int slots;        // heads a warp covers at once: a power of two
+  int steps;        // chunk steps when a row has more than 32 pairs
+
+  __device__ __forceinline__ explicit WarpLayout(int64_t head_dim) {
+    const int64_t d = kHeadDim > 0 ? kHeadDim : head_dim;
+    half = d / 2;
+    pairs = static_cast<int>(half / kVec);
+    slots = 1;
+    while (pairs * slots * 2 <= 32) slots *= 2;
+    steps = (pairs + 31) / 32;
+  }
+};
+
+// All heads of token (b, t), whose cache row is r (-1: bad position, outputs zero). With zero_row,
+// the rows r of gk_out / gv_out are zeroed after being read by the same lanes (in-place variant).
+template <typename T, int kHeadDim, int kVec>
+__device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const WarpLayout<kHeadDim, kVec>& w,
+                                              int64_t b, int64_t t, int64_t r, bool zero_row, int lane) {
+  using V = Vec<T, kVec>;
+  const bool valid = r >= 0;
+  const bool want_tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
+  const int slot = lane & (w.slots - 1);
+  for (int step = 0; step < w.steps; ++step) {
+    const int c = (w.slots > 1 ? lane / w.slots : lane) + step * 32;
+    const bool active = c < w.pairs;
+    const int64_t i0 = int64_t{c} * kVec;
+    RopeChunk<kVec> gcos = RopeChunk<kVec>::zeros(), gsin = RopeChunk<kVec>::zeros();
+    if (active) {
+      // The tables stay in T across the head loop and widen at each use: half the registers.
+      const RawChunk<T, kVec> cs = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, t), w.half, i0);
+      const RawChunk<T, kVec> sn = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, t), w.half, i0);
+#pragma unroll 2
+      for (int64_t j = slot; j < a.heads; j += w.slots) {
+        RawChunk<T, kVec> g{V::zeros(), V::zeros()}, v{V::zeros(), V::zeros()}, k{V::zeros(), V::zeros()};
+        if (valid) {
+          g = load_raw<cub::LOAD_CS, kVec>(a.gk.row(b, j, r), w.half, i0);
+          v = load_raw<cub::LOAD_CS, kVec>(a.gv.row(b, j, r), w.half, i0);
+          if (want_tables) k = load_raw<cub::LOAD_CS, kVec>(a.key.row(b, j, t), w.half, i0);
+        }
+        const RopeChunk<kVec> gf = g.widen();
+        if (want_tables) accumulate_rope_table_grads(gf, k.widen(), gcos, gsin);
+        store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), w.half, i0, v);
+        store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), w.half, i0, rope_backward(gf, cs.widen(), sn.widen()));
+        if (zero_row && valid) {
+          const RawChunk<T, kVec> zero{V::zeros(), V::zeros()};
+          store_raw<cub::STORE_CS>(a.gk_out.row(b, j, r), w.half, i0, zero);
+          store_raw<cub::STORE_CS>(a.gv_out.row(b, j, r), w.half, i0, zero);
+        }
+      }
+    }
+    if (want_tables) {
+      sum_across_lanes(gcos, w.slots);
+      sum_across_lanes(gsin, w.slots);
+      if (active && slot == 0) {
+        if (a.grad_cos.data) store_chunk<cub::STORE_CS>(a.grad_cos.row(b, t), w.half, i0, gcos);
+        if (a.grad_sin.data) store_chunk<cub::STORE_CS>(a.grad_sin.row(b, t), w.half, i0, gsin);
+      }
+    }
+  }
+}
+
+// In-place with repeated positions: the warp of the first token writing row r handles every token
+// of that row in order and zeroes the row after the last, so no read can follow the zeroing.
+template <typename T, int kHeadDim, int kVec>
+__device__ void process_row_group(const BackwardArgs<T>& a, const WarpLayout<kHeadDim, kVec>& w, int64_t b,
+                                  int64_t t, int64_t r, int lane) {
+  for (int64_t base = 0; base < t; base += 32) {
+    const int64_t i = base + lane;
+    if (__any_sync(0xffffffffu, i < t && cache_row(a, i) == r)) return;  // not the first: skipped
+  }
+  for (int64_t cur = t; cur >= 0;) {
+    int64_t next = -1;
+    for (int64_t base = cur + 1; base < a.seq_len; base += 32) {
+      const int64_t i = base + lane;
+      const unsigned hits = __ballot_sync(0xffffffffu, i < a.seq_len && cache_row(a, i) == r);
+      if (hits) {
+        next = base + __ffs(hits) - 1;
+        break;
+      }
+    }
+    process_token(a, w, b, cur, r, next < 0, lane);
+    cur = next;
+  }
+}
+
+template <int kDivisor>
+__device__ __forceinline__ uint64_t divmod_by(uint64_t n, uint64_t& rem, const FastDivmod& runtime) {
+  if constexpr (kDivisor > 0) {
+    const uint64_t q = n / kDivisor;
+    rem = n - q * kDivisor;
+    return q;
+  } else {
+    return runtime.divmod(n, rem);
+  }
+}
+
+// Out-of-place copy work over the cache rows [w0, w0 + wlen) of every (b, head): rows marked in the
+// bitmask are written as zeros without being read, all others are copied.
+template <typename T, int kHeadDim, int kVec>
+__device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int64_t w0, int64_t wlen) {
+  using V = Vec<T, kVec>;
+  constexpr int kRowVecs = kHeadDim > 0 ? kHeadDim / kVec : 0;
+  const int64_t row_vecs = a.head_dim / kVec;
+  const FastDivmod div_row_vecs(static_cast<uint32_t>(row_vecs));
+  const FastDivmod div_wlen(static_cast<uint32_t>(wlen));
+  const uint64_t per_tensor = static_cast<uint64_t>(a.batch * a.heads * wlen * row_vecs);
+  const uint64_t total = 2 * per_tensor;
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t base = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; base < total; base += stride * kCopyUnroll) {
+    V value[kCopyUnroll];
+    T* dst[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const uint64_t i = base + u * stride;
+      dst[u] = nullptr;
+      if (i < total) {
+        const bool is_value = i >= per_tensor;
+        uint64_t c, s_local, j;
+        const uint64_t row = divmod_by<kRowVecs>(is_value ? i - per_tensor : i, c, div_row_vecs);
+        const uint64_t outer = div_wlen.divmod(row, s_local);
+        const uint64_t b = a.div_heads.divmod(outer, j);
+        const int64_t s = w0 + static_cast<int64_t>(s_local);
+        const int64_t col = static_cast<int64_t>(c) * kVec;
+        const bool zero = (mask[s_local >> 5] >> (s_local & 31)) & 1u;
+        const HeadRows<const T>& src = is_value ? a.gv : a.gk;
+        dst[u] = (is_value ? a.gv_out : a.gk_out).row(b, j, s) + col;
+        value[u] = zero ? V::zeros() : load_vec<cub::LOAD_CS, T, kVec>(src.row(b, j, s) + col);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      if (dst[u]) store_vec<cub::STORE_CS>(dst[u], value[u]);
+    }
+  }
+}
+
+//! The fused backward. kHeadDim = 0 is the generic path (D read at run time); kVec is the elements
+//! per access (16 bytes, or 1 when pointers or strides are not 16-byte aligned).
+template <typename T, int kHeadDim, int kVec>
+__global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const BackwardArgs<T> a) {
+  extern __shared__ uint32_t mask[];
+  __shared__ int has_duplicates;
+  const WarpLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim);
+  const int lane = threadIdx.x & 31;
+  const int64_t warps_per_block = blockDim.x / 32;
+  const int64_t first_warp = blockIdx.x * warps_per_block + threadIdx.x / 32;
+  const int64_t total_warps = gridDim.x * warps_per_block;
+  const int64_t tokens = a.batch * a.seq_len;
+
+  if (threadIdx.x == 0) has_duplicates = 0;
+
+  // Token work first in the out-of-place variant (the copy work needs the bitmask, built below).
+  if (!a.in_place) {
+    for (int64_t tok = first_warp; tok < tokens; tok += total_warps) {
+      uint64_t t;
+      const int64_t b = static_cast<int64_t>(a.div_seq.divmod(tok, t));
+      process_token(a, layout, b, static_cast<int64_t>(t), cache_row(a, t), false, lane);
+    }
+  }
+
+  // Windows of the cache rows: build the bitmask of the rows in cache_position, then copy. The
+  // in-place variant only needs to know whether a row repeats, and stops at the first repeat.
+  const int64_t windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
+  for (int64_t win = 0; win < windows; ++win) {
+    const int64_t w0 = win * a.window_rows;
+    const int64_t wlen = a.cache_len - w0 < a.window_rows ? a.cache_len - w0 : a.window_rows;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
+    __syncthreads();
+    for (int64_t t = threadIdx.x; t < a.seq_len; t += blockDim.x) {
+      const int64_t r = cache_row(a, t);
+      if (r >= w0 && r < w0 + wlen) {
+        const uint32_t bit = 1u << ((r - w0) & 31);
+        if (atomicOr(&mask[(r - w0) >> 5], bit) & bit) atomicOr(&has_duplicates, 1);
+      } else if (r < 0 && win == 0 && blockIdx.x == 0 && a.error_flag) {
+        atomicOr(a.error_flag, kErrorPositionOutOfRange);
+      }
+    }
+    __syncthreads();
+    if (!a.in_place) {
+      copy_window<T, kHeadDim, kVec>(a, mask, w0, wlen);
+    } else if (has_duplicates) {
+      break;
+    }
+  }
+
+  if (a.in_place) {
+    const bool repeats = has_duplicates != 0;
+    for (int64_t tok = first_warp; tok < tokens; tok += total_warps) {
+      uint64_t t;
+      const int64_t b = static_cast<int64_t>(a.div_seq.divmod(tok, t));
+      const int64_t r = cache_row(a, t);
+      if (repeats && r >= 0) {
+        process_row_group(a, layout, b, static_cast<int64_t>(t), r, lane);
+      } else {
+        process_token(a, layout, b, static_cast<int64_t>(t), r, true, lane);
+      }
+    }
+  }
+}
+
+}  // namespace kvrope::detail

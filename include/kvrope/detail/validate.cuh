@@ -1,0 +1,146 @@
+// Host-side checks behind kvrope::validate: sizes, pointers, strides, overlapping rows and aliasing.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+
+#include "../backward_params.cuh"
+#include "../core/status.cuh"
+
+namespace kvrope::detail {
+
+inline constexpr int64_t kMaxRows = int64_t{0xFFFFFFFF};
+
+// One tensor as the checks see it: up to three strided dims over rows of `row` contiguous elements.
+struct Layout {
+  const char* name = nullptr;
+  const void* data = nullptr;
+  int64_t elem_bytes = 0;
+  int64_t row = 0;
+  int dims = 0;
+  std::array<int64_t, 3> extent{};
+  std::array<int64_t, 3> stride{};
+  std::array<const char*, 3> stride_name{};
+
+  int64_t elements() const {
+    int64_t n = row;
+    for (int i = 0; i < dims; ++i) n *= extent[i];
+    return n;
+  }
+  // Byte range [lo, hi) the tensor touches (empty when it has no elements).
+  uintptr_t lo() const { return reinterpret_cast<uintptr_t>(data); }
+  uintptr_t hi() const {
+    int64_t last = row;
+    for (int i = 0; i < dims; ++i) last += (extent[i] - 1) * stride[i];
+    return lo() + static_cast<uintptr_t>(last * elem_bytes);
+  }
+};
+
+template <typename T>
+Layout head_layout(const char* name, const char* const (&strides)[3], const HeadRows<T>& v, int64_t batch,
+                   int64_t heads, int64_t len, int64_t head_dim) {
+  return Layout{name, v.data, int64_t{sizeof(T)}, head_dim, 3, {batch, heads, len},
+                {v.batch_stride, v.head_stride, v.seq_stride}, {strides[0], strides[1], strides[2]}};
+}
+template <typename T>
+Layout token_layout(const char* name, const char* const (&strides)[2], const TokenRows<T>& v, int64_t batch,
+                    int64_t len, int64_t head_dim) {
+  return Layout{name, v.data, int64_t{sizeof(T)}, head_dim, 2, {batch, len, 1}, {v.batch_stride, v.seq_stride, 0},
+                {strides[0], strides[1], nullptr}};
+}
+
+inline Status check_strides(const Layout& t) {
+  for (int i = 0; i < t.dims; ++i)
+    if (t.stride[i] < 0) return fail(StatusCode::kInvalidStride, t.stride_name[i]);
+  return {};
+}
+
+// An output's rows must not overlap each other: with the dims of extent > 1 sorted by stride, each
+// stride must be at least the span of everything inside it.
+inline Status check_rows_disjoint(const Layout& t) {
+  std::array<int, 3> order{0, 1, 2};
+  std::sort(order.begin(), order.begin() + t.dims, [&](int x, int y) { return t.stride[x] < t.stride[y]; });
+  int64_t span = t.row;
+  for (int k = 0; k < t.dims; ++k) {
+    const int i = order[k];
+    if (t.extent[i] <= 1) continue;
+    if (t.stride[i] < span) return fail(StatusCode::kOverlappingRows, t.stride_name[i]);
+    span = t.stride[i] * t.extent[i];
+  }
+  return {};
+}
+
+// Whether some row of `b` overlaps some row of `a`, when both have the same shape and strides (two
+// views into one interleaved buffer, as a fused QKV gradient gives). The nearest row offset of `a`
+// to the byte distance between them is found dim by dim, from the largest stride down, trying the
+// two neighbouring multiples at each level.
+inline bool lattice_hits(const Layout& a, int64_t distance, int level, const std::array<int, 3>& order) {
+  if (level < 0) return std::llabs(distance) < a.row;
+  const int i = order[level];
+  const int64_t s = a.stride[i];
+  if (s == 0 || a.extent[i] <= 1) return lattice_hits(a, distance, level - 1, order);
+  const int64_t q = distance >= 0 ? distance / s : -((-distance + s - 1) / s);
+  for (int64_t k : {q, q + 1}) {
+    const int64_t kc = std::clamp<int64_t>(k, -(a.extent[i] - 1), a.extent[i] - 1);
+    if (lattice_hits(a, distance - kc * s, level - 1, order)) return true;
+  }
+  return false;
+}
+
+inline bool overlaps(const Layout& a, const Layout& b) {
+  if (a.elements() == 0 || b.elements() == 0) return false;
+  if (a.hi() <= b.lo() || b.hi() <= a.lo()) return false;
+  const bool same_shape = a.elem_bytes == b.elem_bytes && a.row == b.row && a.dims == b.dims &&
+                          a.extent == b.extent && a.stride == b.stride;
+  const int64_t bytes = static_cast<int64_t>(b.lo()) - static_cast<int64_t>(a.lo());
+  if (!same_shape || bytes % a.elem_bytes != 0) return true;  // conservative
+  std::array<int, 3> order{0, 1, 2};
+  std::sort(order.begin(), order.begin() + a.dims, [&](int x, int y) { return a.stride[x] < a.stride[y]; });
+  return lattice_hits(a, bytes / a.elem_bytes, a.dims - 1, order);
+}
+
+template <typename T, typename Pos>
+Status check_common_sizes(const BackwardCommon<T, Pos>& p) {
+  if (p.batch < 0) return fail(StatusCode::kInvalidSize, "batch");
+  if (p.heads < 0) return fail(StatusCode::kInvalidSize, "heads");
+  if (p.seq_len < 0) return fail(StatusCode::kInvalidSize, "seq_len");
+  if (p.cache_len < 0) return fail(StatusCode::kInvalidSize, "cache_len");
+  if (p.head_dim <= 0 || p.head_dim % 2 != 0) return fail(StatusCode::kInvalidHeadDim, "head_dim");
+  if (p.cache_len > kMaxRows) return fail(StatusCode::kTooLarge, "cache_len");
+  if (p.seq_len > kMaxRows) return fail(StatusCode::kTooLarge, "seq_len");
+  const double rows = static_cast<double>(p.batch) * static_cast<double>(p.heads) *
+                      static_cast<double>(std::max(p.cache_len, p.seq_len));
+  if (rows > static_cast<double>(kMaxRows) || static_cast<double>(p.batch) * p.seq_len > kMaxRows)
+    return fail(StatusCode::kTooLarge, "batch");
+  return {};
+}
+
+// Checks a list of inputs and outputs: pointers present where there are elements, strides
+// non-negative, output rows disjoint, outputs clear of every input and of each other.
+template <size_t NIn, size_t NOut>
+Status check_tensors(const std::array<Layout, NIn>& in, const std::array<Layout, NOut>& out) {
+  for (const Layout& t : in) {
+    if (t.elements() > 0 && t.data == nullptr) return fail(StatusCode::kNullPointer, t.name);
+  }
+  for (const Layout& t : out) {
+    if (t.elements() > 0 && t.data == nullptr) return fail(StatusCode::kNullPointer, t.name);
+  }
+  for (const Layout& t : in) {
+    if (Status s = check_strides(t); !s) return s;
+  }
+  for (const Layout& t : out) {
+    if (Status s = check_strides(t); !s) return s;
+    if (Status s = check_rows_disjoint(t); !s) return s;
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    for (const Layout& t : in)
+      if (overlaps(out[i], t)) return fail(StatusCode::kAliasedBuffers, out[i].name);
+    for (size_t j = 0; j < i; ++j)
+      if (overlaps(out[i], out[j])) return fail(StatusCode::kAliasedBuffers, out[i].name);
+  }
+  return {};
+}
+
+}  // namespace kvrope::detail

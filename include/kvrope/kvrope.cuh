@@ -1,0 +1,12 @@
+// kvrope: fused KV-cache + RoPE kernels. The umbrella header.
+#pragma once
+
+#include "backward.cuh"          // IWYU pragma: export
+#include "backward_params.cuh"   // IWYU pragma: export
+#include "core/arch.cuh"         // IWYU pragma: export
+#include "core/dispatch.cuh"     // IWYU pragma: export
+#include "core/dtype.cuh"        // IWYU pragma: export
+#include "core/status.cuh"       // IWYU pragma: export
+#include "core/tensor.cuh"       // IWYU pragma: export
+#include "core/vec.cuh"          // IWYU pragma: export
+#include "rope.cuh"              // IWYU pragma: export

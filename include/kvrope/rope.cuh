@@ -1,0 +1,99 @@
+// The per-row RoPE building blocks (public API): the math of one head row, or a chunk of it, held in
+// registers. The fused kernels are written with these; an engine can call them in its own kernels.
+#pragma once
+
+#include "core/vec.cuh"
+
+namespace kvrope {
+
+//! N elements of the first half of a head row, [i0, i0 + N), and the N elements of the second half
+//! they pair with under rotate-half RoPE, [h + i0, h + i0 + N), with h = D / 2, in fp32.
+//! RopeChunk<D / 2> with i0 = 0 holds a whole row.
+template <int N>
+struct RopeChunk {
+  float lo[N];
+  float hi[N];
+
+  __host__ __device__ static RopeChunk zeros() {
+    RopeChunk c;
+KVROPE_UNROLL
+    for (int i = 0; i < N; ++i) c.lo[i] = c.hi[i] = 0.0f;
+    return c;
+  }
+};
+
+//! Backward of RoPE for one chunk: the gradient of the keys before RoPE from the gradient `grad` of
+//! the rotated keys. out.lo = g.lo * cos.lo + g.hi * sin.hi; out.hi = g.hi * cos.hi - g.lo * sin.lo.
+template <int N>
+__host__ __device__ inline RopeChunk<N> rope_backward(const RopeChunk<N>& grad, const RopeChunk<N>& cos,
+                                                      const RopeChunk<N>& sin) {
+  RopeChunk<N> out;
+KVROPE_UNROLL
+  for (int i = 0; i < N; ++i) {
+    out.lo[i] = grad.lo[i] * cos.lo[i] + grad.hi[i] * sin.hi[i];
+    out.hi[i] = grad.hi[i] * cos.hi[i] - grad.lo[i] * sin.lo[i];
+  }
+  return out;
+}
+
+//! RoPE forward for one chunk: out.lo = x.lo * cos.lo - x.hi * sin.lo; out.hi = x.hi * cos.hi + x.lo * sin.hi.
+template <int N>
+__host__ __device__ inline RopeChunk<N> rope_forward(const RopeChunk<N>& x, const RopeChunk<N>& cos,
+                                                     const RopeChunk<N>& sin) {
+  RopeChunk<N> out;
+KVROPE_UNROLL
+  for (int i = 0; i < N; ++i) {
+    out.lo[i] = x.lo[i] * cos.lo[i] - x.hi[i] * sin.lo[i];
+    out.hi[i] = x.hi[i] * cos.hi[i] + x.lo[i] * sin.hi[i];
+  }
+  return out;
+}
+
+//! Adds one head's contribution to the gradients of the RoPE tables:
+//! grad_cos += g * k and grad_sin += g * rot(k), with rot(k).lo = -k.hi and rot(k).hi = k.lo.
+//! Summing this over the heads of a token gives grad_cos and grad_sin of that token.
+template <int N>
+__host__ __device__ inline void accumulate_rope_table_grads(const RopeChunk<N>& grad, const RopeChunk<N>& key,
+                                                            RopeChunk<N>& grad_cos, RopeChunk<N>& grad_sin) {
+KVROPE_UNROLL
+  for (int i = 0; i < N; ++i) {
+    grad_cos.lo[i] += grad.lo[i] * key.lo[i];
+    grad_cos.hi[i] += grad.hi[i] * key.hi[i];
+    grad_sin.lo[i] -= grad.lo[i] * key.hi[i];
+    grad_sin.hi[i] += grad.hi[i] * key.lo[i];
+  }
+}
+
+//! Loads a chunk of a head row: N elements at row + i0 and N at row + h + i0, each as one access
+//! (so row + i0 and row + h + i0 must be aligned to N * sizeof(T)).
+template <int N, cub::CacheLoadModifier M = cub::LOAD_DEFAULT, typename T>
+__device__ __forceinline__ RopeChunk<N> load_chunk(const T* row, int64_t h, int64_t i0) {
+  RopeChunk<N> c;
+  load_vec<M, T, N>(row + i0).to_float(c.lo);
+  load_vec<M, T, N>(row + h + i0).to_float(c.hi);
+  return c;
+}
+
+//! Rounds a chunk to T once and stores it at row + i0 and row + h + i0 (aligned as for load_chunk).
+template <cub::CacheStoreModifier M = cub::STORE_DEFAULT, int N, typename T>
+__device__ __forceinline__ void store_chunk(T* row, int64_t h, int64_t i0, const RopeChunk<N>& c) {
+  store_vec<M>(row + i0, Vec<T, N>::from_float(c.lo));
+  store_vec<M>(row + h + i0, Vec<T, N>::from_float(c.hi));
+}
+
+//! Sums `c` over groups of `lanes` consecutive lanes of a warp (lanes a power of two, at most 32):
+//! afterwards every lane of a group holds its group's sum. All 32 lanes must call it together.
+//! This is the head reduction of the fused backward when one warp holds several heads of a token
+//! (its group size is a run-time value in the generic path, hence shuffles rather than cub::WarpReduce).
+template <int N>
+__device__ __forceinline__ void sum_across_lanes(RopeChunk<N>& c, int lanes) {
+  for (int offset = 1; offset < lanes; offset <<= 1) {
+KVROPE_UNROLL
+    for (int i = 0; i < N; ++i) {
+      c.lo[i] += __shfl_xor_sync(0xffffffffu, c.lo[i], offset);
+      c.hi[i] += __shfl_xor_sync(0xffffffffu, c.hi[i], offset);
+    }
+  }
+}
+
+}  // namespace kvrope
