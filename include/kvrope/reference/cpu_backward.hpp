@@ -1,0 +1,290 @@
+// The float64 CPU reference of the backward op and the checker the tests and the benchmark use.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../backward_params.cuh"
+#include "../core/dtype.cuh"
+
+namespace kvrope::reference {
+
+//! Spacing of T's representable numbers at |x| (the smallest subnormal step at 0).
+template <typename T>
+double ulp(double x) {
+  constexpr int kMantissa = std::is_same_v<T, float> ? 23 : std::is_same_v<T, __half> ? 10 : 7;
+  constexpr int kMinExp = std::is_same_v<T, __half> ? -14 : -126;
+  int e = kMinExp;
+  if (x != 0.0 && std::isfinite(x)) e = std::max(std::ilogb(x), kMinExp);
+  return std::ldexp(1.0, e - kMantissa);
+}
+
+//! DESIGN.md's tolerance for a computed output: |out - gold| <= ulp_T(gold) + 2^-21 * A, where A is
+//! the sum of the absolute values of the products that make up the output.
+template <typename T>
+bool within_tolerance(T out, double gold, double abs_sum) {
+  const double o = to_float(out);
+  return std::isfinite(o) && std::fabs(o - gold) <= ulp<T>(gold) + std::ldexp(abs_sum, -21);
+}
+
+//! A value of the reference and the sum of the absolute values of its products.
+struct Gold {
+  double value = 0.0;
+  double abs_sum = 0.0;
+};
+
+//! The row of the cache token t was written to, or -1 when its position is out of range.
+template <typename T, typename Pos>
+int64_t cache_row(const BackwardCommon<T, Pos>& p, int64_t t) {
+  int64_t r = static_cast<int64_t>(p.cache_position[t]);
+  if (r < 0) r += p.cache_len;
+  return (r >= 0 && r < p.cache_len) ? r : -1;
+}
+
+//! True when every position is in [-S_max, S_max) (else the kernel must raise the error flag).
+template <typename T, typename Pos>
+bool positions_in_range(const BackwardCommon<T, Pos>& p) {
+  for (int64_t t = 0; t < p.seq_len; ++t)
+    if (cache_row(p, t) < 0) return false;
+  return true;
+}
+
+namespace detail {
+template <typename T>
+double at(const T* row, int64_t d) {
+  return to_float(row[d]);
+}
+}  // namespace detail
+
+//! grad_key_states[b, j, t, d] from gK (host pointers).
+template <typename T, typename Pos>
+Gold gold_grad_key(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk, int64_t b, int64_t j, int64_t t,
+                   int64_t d) {
+  const int64_t r = cache_row(p, t);
+  if (r < 0) return {};
+  const int64_t h = p.head_dim / 2;
+  const T* g = gk.row(b, j, r);
+  const T* c = p.cos.row(b, t);
+  const T* s = p.sin.row(b, t);
+  using detail::at;
+  const double x = at(g, d) * at(c, d);
+  const double y = d < h ? at(g, d + h) * at(s, d + h) : -at(g, d - h) * at(s, d - h);
+  return {x + y, std::fabs(x) + std::fabs(y)};
+}
+
+//! grad_cos[b, t, d] (table = 0) or grad_sin[b, t, d] (table = 1): a sum over the heads.
+template <typename T, typename Pos>
+Gold gold_grad_table(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk, int table, int64_t b, int64_t t,
+                     int64_t d) {
+  const int64_t r = cache_row(p, t);
+  if (r < 0) return {};
+  const int64_t h = p.head_dim / 2;
+  Gold out;
+  using detail::at;
+  for (int64_t j = 0; j < p.heads; ++j) {
+    const T* g = gk.row(b, j, r);
+    const T* k = p.key_states.row(b, j, t);
+    double rot_k = at(k, d);
+    if (table == 1) rot_k = d < h ? -at(k, d + h) : at(k, d - h);
+    const double prod = at(g, d) * rot_k;
+    out.value += prod;
+    out.abs_sum += std::fabs(prod);
+  }
+  return out;
+}
+
+//! Host copies of what a call wrote (either variant: for in-place, the cache-input gradients are gK
+//! and gV after the call).
+template <typename T>
+struct BackwardOutputs {
+  HeadRows<const T> grad_key_states, grad_value_states, grad_key_cache_input, grad_value_cache_input;
+  TokenRows<const T> grad_cos, grad_sin;
+};
+
+//! The output views of out-of-place params (pointing wherever the params point).
+template <typename T, typename Pos>
+BackwardOutputs<T> outputs_of(const BackwardParams<T, Pos>& p) {
+  return {p.grad_key_states, p.grad_value_states, p.grad_key_cache_input, p.grad_value_cache_input,
+          p.grad_cos, p.grad_sin};
+}
+
+//! Dense float64 results of the reference, for small problems.
+struct BackwardGold {
+  std::vector<Gold> grad_key_states, grad_cos, grad_sin;  // [B, H, S, D], [B, S, D], [B, S, D]
+  std::vector<double> grad_value_states;                    // [B, H, S, D]
+  std::vector<double> grad_key_cache_input, grad_value_cache_input;  // [B, H, S_max, D]
+};
+
+//! Computes every output of the backward in float64 from host inputs (the output fields of
+//! `inputs` are ignored). Out-of-range tokens give zero outputs and zero no row.
+template <typename T, typename Pos>
+BackwardGold cpu_backward(const BackwardParams<T, Pos>& in) {
+  const int64_t B = in.batch, H = in.heads, S = in.seq_len, L = in.cache_len, D = in.head_dim;
+  BackwardGold g;
+  g.grad_key_states.resize(B * H * S * D);
+  g.grad_value_states.resize(B * H * S * D);
+  g.grad_cos.resize(B * S * D);
+  g.grad_sin.resize(B * S * D);
+  g.grad_key_cache_input.resize(B * H * L * D);
+  g.grad_value_cache_input.resize(B * H * L * D);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < S; ++t) {
+      const int64_t r = cache_row(in, t);
+      for (int64_t d = 0; d < D; ++d) {
+        g.grad_cos[(b * S + t) * D + d] = gold_grad_table(in, in.grad_key_cache, 0, b, t, d);
+        g.grad_sin[(b * S + t) * D + d] = gold_grad_table(in, in.grad_key_cache, 1, b, t, d);
+      }
+      for (int64_t j = 0; j < H; ++j)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t o = ((b * H + j) * S + t) * D + d;
+          g.grad_key_states[o] = gold_grad_key(in, in.grad_key_cache, b, j, t, d);
+          g.grad_value_states[o] = r < 0 ? 0.0 : detail::at(in.grad_value_cache.row(b, j, r), d);
+        }
+    }
+    for (int64_t j = 0; j < H; ++j)
+      for (int64_t s = 0; s < L; ++s)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t o = ((b * H + j) * L + s) * D + d;
+          g.grad_key_cache_input[o] = detail::at(in.grad_key_cache.row(b, j, s), d);
+          g.grad_value_cache_input[o] = detail::at(in.grad_value_cache.row(b, j, s), d);
+        }
+  }
+  for (int64_t t = 0; t < S; ++t) {
+    const int64_t r = cache_row(in, t);
+    if (r < 0) continue;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < H; ++j)
+        for (int64_t d = 0; d < D; ++d) {
+          g.grad_key_cache_input[((b * H + j) * L + r) * D + d] = 0.0;
+          g.grad_value_cache_input[((b * H + j) * L + r) * D + d] = 0.0;
+        }
+  }
+  return g;
+}
+
+//! The outcome of check_backward: how many elements were compared, how many failed, and the first
+//! failure described (output, index, value, expected).
+struct CheckResult {
+  int64_t checked = 0;
+  int64_t mismatches = 0;
+  std::string first_mismatch;
+  bool ok() const { return mismatches == 0; }
+};
+
+namespace detail {
+
+// Collects mismatches from several threads; keeps the first description.
+class Tally {
+ public:
+  void add(int64_t checked, int64_t bad, const std::string& first) {
+    std::lock_guard<std::mutex> lock(mu_);
+    result_.checked += checked;
+    result_.mismatches += bad;
+    if (bad && result_.first_mismatch.empty()) result_.first_mismatch = first;
+  }
+  CheckResult result() const { return result_; }
+
+ private:
+  std::mutex mu_;
+  CheckResult result_;
+};
+
+template <typename F>
+void parallel_for(int64_t n, F&& f) {
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, std::thread::hardware_concurrency()));
+  if (workers <= 1) {
+    for (int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t w = 0; w < workers; ++w)
+    pool.emplace_back([&, w] {
+      for (int64_t i = w; i < n; i += workers) f(i);
+    });
+  for (auto& th : pool) th.join();
+}
+
+template <typename T>
+bool same_bits(T a, T b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+inline std::string describe(const char* name, int64_t b, int64_t j, int64_t s, int64_t d, double got, double want) {
+  std::ostringstream os;
+  os.precision(9);
+  os << name << "[b=" << b << ", h=" << j << ", s=" << s << ", d=" << d << "] = " << got << ", expected " << want;
+  return os.str();
+}
+
+}  // namespace detail
+
+//! Compares a call's outputs (host copies) with the float64 reference computed from host copies of
+//! its inputs: computed outputs within tolerance, copies and zeroed rows bit-exact. Out-of-range
+//! tokens must have zero outputs. Null grad_cos/grad_sin outputs are not checked.
+template <typename T, typename Pos>
+CheckResult check_backward(const BackwardParams<T, Pos>& in, const BackwardOutputs<T>& out) {
+  const int64_t B = in.batch, H = in.heads, S = in.seq_len, L = in.cache_len, D = in.head_dim;
+  const T zero = from_float<T>(0.0f);
+  std::vector<char> written(static_cast<size_t>(L), 0);
+  for (int64_t t = 0; t < S; ++t)
+    if (int64_t r = cache_row(in, t); r >= 0) written[r] = 1;
+  detail::Tally tally;
+  detail::parallel_for(B, [&](int64_t b) {
+    int64_t checked = 0, bad = 0;
+    std::string first;
+    auto expect = [&](bool ok, const char* name, int64_t j, int64_t s, int64_t d, double got, double want) {
+      ++checked;
+      if (ok) return;
+      if (bad++ == 0) first = detail::describe(name, b, j, s, d, got, want);
+    };
+    for (int64_t t = 0; t < S; ++t) {
+      const int64_t r = cache_row(in, t);
+      for (int64_t j = 0; j < H; ++j) {
+        const T* gks = out.grad_key_states.row(b, j, t);
+        const T* gvs = out.grad_value_states.row(b, j, t);
+        for (int64_t d = 0; d < D; ++d) {
+          const Gold gold = gold_grad_key(in, in.grad_key_cache, b, j, t, d);
+          expect(within_tolerance(gks[d], gold.value, gold.abs_sum), "grad_key_states", j, t, d,
+                 to_float(gks[d]), gold.value);
+          const T want = r < 0 ? zero : in.grad_value_cache.row(b, j, r)[d];
+          expect(detail::same_bits(gvs[d], want), "grad_value_states", j, t, d, to_float(gvs[d]), to_float(want));
+        }
+      }
+      for (int table = 0; table < 2; ++table) {
+        const TokenRows<const T>& view = table == 0 ? out.grad_cos : out.grad_sin;
+        if (!view.data) continue;
+        for (int64_t d = 0; d < D; ++d) {
+          const Gold gold = gold_grad_table(in, in.grad_key_cache, table, b, t, d);
+          const T got = view.row(b, t)[d];
+          expect(within_tolerance(got, gold.value, gold.abs_sum), table == 0 ? "grad_cos" : "grad_sin", -1, t, d,
+                 to_float(got), gold.value);
+        }
+      }
+    }
+    for (int cache = 0; cache < 2; ++cache) {
+      const HeadRows<const T>& src = cache == 0 ? in.grad_key_cache : in.grad_value_cache;
+      const HeadRows<const T>& dst = cache == 0 ? out.grad_key_cache_input : out.grad_value_cache_input;
+      const char* name = cache == 0 ? "grad_key_cache_input" : "grad_value_cache_input";
+      for (int64_t j = 0; j < H; ++j)
+        for (int64_t s = 0; s < L; ++s) {
+          const T* want = src.row(b, j, s);
+          const T* got = dst.row(b, j, s);
+          for (int64_t d = 0; d < D; ++d) {
+            const T w = written[s] ? zero : want[d];
+            expect(detail::same_bits(got[d], w), name, j, s, d, to_float(got[d]), to_float(w));
+          }
+        }
+    }
+    tally.add(checked, bad, first);
+  });
+  return tally.result();
+}
+
+}  // namespace kvrope::reference
