@@ -51,6 +51,14 @@ Layout token_layout(const char* name, const char* const (&strides)[2], const Tok
                 {strides[0], strides[1], nullptr}};
 }
 
+// The dims of `t` ordered by increasing stride (an insertion sort of at most three entries).
+inline std::array<int, 3> by_stride(const Layout& t) {
+  std::array<int, 3> order{0, 1, 2};
+  for (int i = 1; i < t.dims; ++i)
+    for (int k = i; k > 0 && t.stride[order[k]] < t.stride[order[k - 1]]; --k) std::swap(order[k], order[k - 1]);
+  return order;
+}
+
 inline Status check_strides(const Layout& t) {
   for (int i = 0; i < t.dims; ++i)
     if (t.stride[i] < 0) return fail(StatusCode::kInvalidStride, t.stride_name[i]);
@@ -60,8 +68,8 @@ inline Status check_strides(const Layout& t) {
 // An output's rows must not overlap each other: with the dims of extent > 1 sorted by stride, each
 // stride must be at least the span of everything inside it.
 inline Status check_rows_disjoint(const Layout& t) {
-  std::array<int, 3> order{0, 1, 2};
-  std::sort(order.begin(), order.begin() + t.dims, [&](int x, int y) { return t.stride[x] < t.stride[y]; });
+  if (t.elements() == 0) return {};
+  const std::array<int, 3> order = by_stride(t);
   int64_t span = t.row;
   for (int k = 0; k < t.dims; ++k) {
     const int i = order[k];
@@ -96,9 +104,7 @@ inline bool overlaps(const Layout& a, const Layout& b) {
                           a.extent == b.extent && a.stride == b.stride;
   const int64_t bytes = static_cast<int64_t>(b.lo()) - static_cast<int64_t>(a.lo());
   if (!same_shape || bytes % a.elem_bytes != 0) return true;  // conservative
-  std::array<int, 3> order{0, 1, 2};
-  std::sort(order.begin(), order.begin() + a.dims, [&](int x, int y) { return a.stride[x] < a.stride[y]; });
-  return lattice_hits(a, bytes / a.elem_bytes, a.dims - 1, order);
+  return lattice_hits(a, bytes / a.elem_bytes, a.dims - 1, by_stride(a));
 }
 
 template <typename T, typename Pos>

@@ -1,0 +1,118 @@
+// GPU tests of the backward: fused (out-of-place, in-place, without table gradients) and naive,
+// against the float64 reference, over dtypes, head dims, layouts, position patterns and shapes.
+#include <vector>
+
+#include "support/gpu_problem.cuh"
+
+using namespace kvrope;
+using namespace kvrope::testing;
+
+namespace {
+
+const Positions kAllPatterns[] = {Positions::kArange, Positions::kPermutation, Positions::kSparse,
+                                  Positions::kNegative, Positions::kDuplicates, Positions::kOutOfRange};
+const Variant kAllVariants[] = {Variant::kOutOfPlace, Variant::kInPlace, Variant::kNaive,
+                                Variant::kOutOfPlaceNoTables, Variant::kInPlaceNoTables};
+
+template <typename T, typename Pos>
+void run(const Config& cfg) {
+  Problem<T, Pos> problem(cfg);
+  problem.run_and_check();
+}
+
+// The shapes of leaderboard cases 4, 8, 10 and 16 (H = 8, D = 128).
+const Shape kCases[] = {{2, 8, 211, 1024, 128}, {1, 8, 1, 256, 128}, {32, 8, 1, 2048, 128}, {1, 8, 293, 2048, 128}};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("backward matches the float64 reference on small shapes, every head dim", "[gpu]",
+                   __nv_bfloat16, __half, float) {
+  // 64..256 are compiled instances; 48 and 512 take the generic vectorized path (512: more chunk
+  // pairs than lanes), 40 and 2 the scalar path for 16-bit types.
+  const int64_t head_dims[] = {64, 80, 96, 128, 256, 48, 512, 40, 2};
+  const Shape shapes[] = {{2, 4, 7, 33, 0}, {3, 5, 16, 16, 0}, {1, 1, 1, 1, 0}};
+  uint64_t seed = 1;
+  for (int64_t d : head_dims)
+    for (Shape shape : shapes)
+      for (Layout layout : {Layout::kBHSD, Layout::kBSHD})
+        for (Positions positions : kAllPatterns)
+          for (Variant variant : kAllVariants) {
+            shape.head_dim = d;
+            Config cfg{shape, layout, positions, variant, seed % 3 == 0, seed};
+            if (seed % 2) run<TestType, int64_t>(cfg); else run<TestType, int32_t>(cfg);
+            ++seed;
+          }
+}
+
+TEMPLATE_TEST_CASE("backward on leaderboard case shapes 4, 8, 10, 16", "[gpu][cases]", __nv_bfloat16, __half,
+                   float) {
+  uint64_t seed = 100;
+  for (const Shape& shape : kCases)
+    for (Layout layout : {Layout::kBHSD, Layout::kBSHD})
+      for (Positions positions : {Positions::kArange, Positions::kPermutation, Positions::kDuplicates})
+        for (Variant variant : {Variant::kOutOfPlace, Variant::kInPlace, Variant::kNaive}) {
+          // The other dtypes take fewer combinations: the kernel paths are the same as for bf16.
+          if (!std::is_same_v<TestType, __nv_bfloat16> && (positions != Positions::kArange || layout == Layout::kBSHD))
+            continue;
+          run<TestType, int64_t>(Config{shape, layout, positions, variant, false, seed++});
+        }
+}
+
+TEST_CASE("empty problems: B = 0 does nothing, S = 0 still copies the caches", "[gpu]") {
+  for (Variant variant : {Variant::kOutOfPlace, Variant::kInPlace, Variant::kNaive}) {
+    run<__nv_bfloat16, int64_t>(Config{{2, 3, 0, 17, 64}, Layout::kBHSD, Positions::kArange, variant, false, 7});
+    run<__nv_bfloat16, int64_t>(Config{{2, 0, 5, 17, 64}, Layout::kBHSD, Positions::kPermutation, variant, false, 8});
+    run<__nv_bfloat16, int64_t>(Config{{2, 3, 0, 0, 64}, Layout::kBHSD, Positions::kArange, variant, false, 9});
+  }
+  // B = 0: nothing launched, nothing written, even with null pointers.
+  BackwardParams<float> p;
+  p.batch = 0;
+  p.heads = 8;
+  p.seq_len = 4;
+  p.cache_len = 16;
+  p.head_dim = 64;
+  BackwardPlan plan;
+  REQUIRE(plan_backward(p, &plan).ok());
+  CHECK(plan.path == BackwardPath::kNothingToDo);
+  CHECK(kv_cache_rope_backward(p).ok());
+}
+
+TEST_CASE("a rejected call launches nothing and writes nothing", "[gpu]") {
+  Problem<__nv_bfloat16, int64_t> problem(Config{{2, 4, 8, 32, 128}, Layout::kBHSD, Positions::kArange,
+                                                 Variant::kOutOfPlace, false, 11});
+  problem.poison_outputs();
+  auto p = problem.device_params();
+  p.head_dim = 127;
+  CHECK(kv_cache_rope_backward(p).code == StatusCode::kInvalidHeadDim);
+  p = problem.device_params();
+  p.grad_value_states = HeadRows<__nv_bfloat16>{problem.gks.get(), 0, 0, 0};  // overlapping rows
+  CHECK(kv_cache_rope_backward(p).code == StatusCode::kOverlappingRows);
+  p = problem.device_params();
+  p.grad_key_cache_input.data = problem.gk.get();  // out-of-place output aliasing its input
+  CHECK(kv_cache_rope_backward(p).code == StatusCode::kAliasedBuffers);
+  KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+  for (const DeviceBuffer<__nv_bfloat16>* b : {&problem.gks, &problem.gvs, &problem.gcos, &problem.gsin,
+                                               &problem.gk_in, &problem.gv_in}) {
+    const auto host = b->to_host();
+    const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
+    CHECK(std::all_of(bytes, bytes + host.size() * sizeof(__nv_bfloat16), [](unsigned char c) { return c == 0xFF; }));
+  }
+}
+
+TEST_CASE("the fast path is taken when alignment allows, the scalar path otherwise", "[gpu]") {
+  Problem<__nv_bfloat16, int64_t> problem(Config{{2, 4, 8, 32, 128}, Layout::kBHSD, Positions::kArange,
+                                                 Variant::kOutOfPlace, false, 12});
+  BackwardPlan plan;
+  auto p = problem.device_params();
+  REQUIRE(plan_backward(p, &plan).ok());
+  CHECK(plan.path == BackwardPath::kCompiledHeadDim);
+  CHECK(plan.head_dim_instance == 128);
+  CHECK(plan.vec_width == 8);
+  p.cos.data += 1;  // one element off: no longer 16-byte aligned (still inside the buffer's bounds checks)
+  p.cos.seq_stride = 127;
+  p.seq_len = 7;
+  p.key_states.seq_stride = 128;
+  REQUIRE(plan_backward(p, &plan).ok());
+  CHECK(plan.path == BackwardPath::kGenericScalar);
+  CHECK(plan.vec_width == 1);
+}

@@ -1,0 +1,298 @@
+// GPU test fixtures: random device tensors in BHSD or BSHD layout, NaN-poisoned outputs, the three
+// implementations (fused out-of-place, fused in-place, naive), and the float64 check of what they wrote.
+#pragma once
+
+#include <kvrope/kvrope.cuh>
+#include <kvrope/reference/cpu_backward.hpp>
+#include <kvrope/reference/naive_backward.cuh>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+
+#define KVROPE_CUDA_REQUIRE(call)                                                   \
+  do {                                                                              \
+    const cudaError_t kvrope_err_ = (call);                                         \
+    INFO(#call << " -> " << cudaGetErrorString(kvrope_err_));                       \
+    REQUIRE(kvrope_err_ == cudaSuccess);                                            \
+  } while (false)
+
+namespace kvrope::testing {
+
+//! Owns a device allocation of `count` elements of T.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    if (count_) KVROPE_CUDA_REQUIRE(cudaMalloc(&ptr_, count_ * sizeof(T)));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(count_, o.count_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  T* get() const { return ptr_; }
+  size_t size() const { return count_; }
+  std::vector<T> to_host() const {
+    std::vector<T> h(count_);
+    if (count_) KVROPE_CUDA_REQUIRE(cudaMemcpy(h.data(), ptr_, count_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+// Standard normal numbers from a counter hash (fast for the large cases), never exactly zero.
+template <typename T>
+__global__ void fill_normal(T* out, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    uint64_t x = seed ^ (i * 0x9E3779B97F4A7C15ull);
+    x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 27; x *= 0x94D049BB133111EBull; x ^= x >> 33;
+    const float u1 = (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
+    const float u2 = static_cast<float>((x >> 16) & 0xFFFFFF) * (1.0f / 16777216.0f);
+    float z = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    if (to_float(from_float<T>(z)) == 0.0f) z = 0.5f;
+    out[i] = from_float<T>(z);
+  }
+}
+
+template <typename T>
+void fill_random(DeviceBuffer<T>& buf, uint64_t seed) {
+  if (buf.size() == 0) return;
+  fill_normal<<<1024, 256>>>(buf.get(), buf.size(), seed);
+  KVROPE_CUDA_REQUIRE(cudaGetLastError());
+}
+
+//! Fills with 0xFF bytes: NaN in bf16, fp16 and fp32, so an unwritten output element is caught.
+template <typename T>
+void poison(DeviceBuffer<T>& buf) {
+  if (buf.size()) KVROPE_CUDA_REQUIRE(cudaMemset(buf.get(), 0xFF, buf.size() * sizeof(T)));
+}
+
+enum class Layout { kBHSD, kBSHD };
+enum class Positions { kArange, kPermutation, kSparse, kNegative, kDuplicates, kOutOfRange };
+enum class Variant { kOutOfPlace, kInPlace, kNaive, kOutOfPlaceNoTables, kInPlaceNoTables };
+
+inline const char* name(Layout l) { return l == Layout::kBHSD ? "BHSD" : "BSHD"; }
+inline const char* name(Positions p) {
+  const char* names[] = {"arange", "permutation", "sparse", "negative", "duplicates", "out_of_range"};
+  return names[static_cast<int>(p)];
+}
+inline const char* name(Variant v) {
+  const char* names[] = {"out_of_place", "in_place", "naive", "out_of_place_no_tables", "in_place_no_tables"};
+  return names[static_cast<int>(v)];
+}
+
+struct Shape {
+  int64_t batch, heads, seq_len, cache_len, head_dim;
+};
+
+struct Config {
+  Shape shape;
+  Layout layout = Layout::kBHSD;
+  Positions positions = Positions::kArange;
+  Variant variant = Variant::kOutOfPlace;
+  bool broadcast_tables = false;
+  uint64_t seed = 1;
+
+  std::string describe() const {
+    std::ostringstream os;
+    os << "B=" << shape.batch << " H=" << shape.heads << " S=" << shape.seq_len << " S_max=" << shape.cache_len
+       << " D=" << shape.head_dim << " " << name(layout) << " positions=" << name(positions)
+       << " variant=" << name(variant) << (broadcast_tables ? " broadcast_tables" : "") << " seed=" << seed;
+    return os.str();
+  }
+};
+
+//! cache_position values for a pattern (S <= S_max where the pattern needs distinct rows).
+template <typename Pos>
+std::vector<Pos> make_positions(Positions pattern, int64_t S, int64_t L, std::mt19937_64& rng) {
+  std::vector<int64_t> p(static_cast<size_t>(S));
+  std::vector<int64_t> rows(static_cast<size_t>(L));
+  std::iota(rows.begin(), rows.end(), 0);
+  switch (pattern) {
+    case Positions::kArange: std::iota(p.begin(), p.end(), 0); break;
+    case Positions::kPermutation:
+      std::shuffle(rows.begin(), rows.end(), rng);
+      std::copy_n(rows.begin(), S, p.begin());
+      break;
+    case Positions::kSparse:
+      std::shuffle(rows.begin(), rows.end(), rng);
+      std::copy_n(rows.begin(), S, p.begin());
+      std::sort(p.begin(), p.end());
+      break;
+    case Positions::kNegative:
+      std::shuffle(rows.begin(), rows.end(), rng);
+      for (int64_t t = 0; t < S; ++t) p[t] = (t % 2 == 0) ? rows[t] - L : rows[t];
+      break;
+    case Positions::kDuplicates:
+      for (int64_t t = 0; t < S; ++t) p[t] = static_cast<int64_t>(rng() % std::max<int64_t>(1, (S + 1) / 2)) % L;
+      if (S > 1) p[S - 1] = p[0] - L;  // the same row written as a negative position
+      break;
+    case Positions::kOutOfRange:
+      std::iota(p.begin(), p.end(), 0);
+      if (S > 0) p[S / 2] = L;
+      if (S > 2) p[S / 3] = -L - 1;
+      break;
+  }
+  return std::vector<Pos>(p.begin(), p.end());
+}
+
+//! A whole problem on the device: inputs, NaN-poisoned outputs, and host copies for the check.
+template <typename T, typename Pos>
+struct Problem {
+  Config cfg;
+  DeviceBuffer<T> gk, gv, key, cos, sin, gks, gvs, gcos, gsin, gk_in, gv_in;
+  DeviceBuffer<Pos> pos;
+  DeviceBuffer<int> flag;
+  std::vector<Pos> host_pos;
+
+  explicit Problem(const Config& c) : cfg(c) {
+    const Shape& s = c.shape;
+    const size_t cache = s.batch * s.heads * s.cache_len * s.head_dim;
+    const size_t tok = s.batch * s.heads * s.seq_len * s.head_dim;
+    const size_t tab = (c.broadcast_tables ? 1 : s.batch) * s.seq_len * s.head_dim;
+    const size_t tab_out = s.batch * s.seq_len * s.head_dim;
+    gk = DeviceBuffer<T>(cache);
+    gv = DeviceBuffer<T>(cache);
+    key = DeviceBuffer<T>(tok);
+    cos = DeviceBuffer<T>(tab);
+    sin = DeviceBuffer<T>(tab);
+    gks = DeviceBuffer<T>(tok);
+    gvs = DeviceBuffer<T>(tok);
+    gcos = DeviceBuffer<T>(tab_out);
+    gsin = DeviceBuffer<T>(tab_out);
+    gk_in = DeviceBuffer<T>(cache);
+    gv_in = DeviceBuffer<T>(cache);
+    pos = DeviceBuffer<Pos>(s.seq_len);
+    flag = DeviceBuffer<int>(1);
+    uint64_t seed = c.seed * 1000003u;
+    for (DeviceBuffer<T>* b : {&gk, &gv, &key, &cos, &sin}) fill_random(*b, ++seed);
+    std::mt19937_64 rng(c.seed);
+    host_pos = make_positions<Pos>(c.positions, s.seq_len, s.cache_len, rng);
+    if (s.seq_len)
+      KVROPE_CUDA_REQUIRE(cudaMemcpy(pos.get(), host_pos.data(), s.seq_len * sizeof(Pos), cudaMemcpyHostToDevice));
+  }
+
+  HeadRows<T> heads_view(T* data, int64_t len) const {
+    const Shape& s = cfg.shape;
+    return cfg.layout == Layout::kBHSD ? bhsd(data, s.heads, len, s.head_dim) : bshd(data, s.heads, len, s.head_dim);
+  }
+  TokenRows<T> table_view(T* data) const { return bsd(data, cfg.shape.seq_len, cfg.shape.head_dim, cfg.broadcast_tables); }
+  TokenRows<T> out_table_view(T* data) const { return bsd(data, cfg.shape.seq_len, cfg.shape.head_dim); }
+
+  bool tables() const {
+    return cfg.variant != Variant::kOutOfPlaceNoTables && cfg.variant != Variant::kInPlaceNoTables;
+  }
+
+  // Params over the given base pointers (device buffers or their host copies).
+  template <typename P>
+  void fill_common(P& p, T* gk_, T* gv_, T* key_, T* cos_, T* sin_, T* gks_, T* gvs_, T* gcos_, T* gsin_,
+                   Pos* pos_) const {
+    const Shape& s = cfg.shape;
+    p.batch = s.batch;
+    p.heads = s.heads;
+    p.seq_len = s.seq_len;
+    p.cache_len = s.cache_len;
+    p.head_dim = s.head_dim;
+    p.key_states = tables() ? heads_view(key_, s.seq_len) : HeadRows<T>{};  // not read without tables
+    p.cos = table_view(cos_);
+    p.sin = table_view(sin_);
+    p.cache_position = pos_;
+    p.grad_key_states = heads_view(gks_, s.seq_len);
+    p.grad_value_states = heads_view(gvs_, s.seq_len);
+    p.grad_cos = tables() ? out_table_view(gcos_) : TokenRows<T>{};
+    p.grad_sin = tables() ? out_table_view(gsin_) : TokenRows<T>{};
+    p.grad_key_cache = heads_view(gk_, s.cache_len);
+    p.grad_value_cache = heads_view(gv_, s.cache_len);
+  }
+
+  BackwardParams<T, Pos> device_params() {
+    BackwardParams<T, Pos> p;
+    fill_common(p, gk.get(), gv.get(), key.get(), cos.get(), sin.get(), gks.get(), gvs.get(), gcos.get(), gsin.get(),
+                pos.get());
+    p.grad_key_cache_input = heads_view(gk_in.get(), cfg.shape.cache_len);
+    p.grad_value_cache_input = heads_view(gv_in.get(), cfg.shape.cache_len);
+    p.error_flag = flag.get();
+    return p;
+  }
+  BackwardInPlaceParams<T, Pos> device_inplace_params() {
+    BackwardInPlaceParams<T, Pos> p;
+    fill_common(p, gk.get(), gv.get(), key.get(), cos.get(), sin.get(), gks.get(), gvs.get(), gcos.get(), gsin.get(),
+                pos.get());
+    p.error_flag = flag.get();
+    return p;
+  }
+
+  void poison_outputs() {
+    for (DeviceBuffer<T>* b : {&gks, &gvs, &gcos, &gsin, &gk_in, &gv_in}) poison(*b);
+    KVROPE_CUDA_REQUIRE(cudaMemset(flag.get(), 0, sizeof(int)));
+  }
+
+  //! Runs the configured implementation once and checks everything it wrote against float64.
+  void run_and_check() {
+    INFO(cfg.describe());
+    poison_outputs();
+    // Host copies of the inputs, taken before the call (the in-place variant overwrites gK, gV).
+    std::vector<T> h_gk = gk.to_host(), h_gv = gv.to_host(), h_key = key.to_host(), h_cos = cos.to_host(),
+                   h_sin = sin.to_host();
+    Status st;
+    if (cfg.variant == Variant::kInPlace || cfg.variant == Variant::kInPlaceNoTables) {
+      st = kv_cache_rope_backward(device_inplace_params());
+    } else if (cfg.variant == Variant::kNaive) {
+      auto p = device_params();
+      DeviceBuffer<char> ws(reference::naive_backward_workspace_bytes(p));
+      st = reference::naive_backward(p, ws.get(), ws.size());
+      KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+    } else {
+      st = kv_cache_rope_backward(device_params());
+    }
+    INFO("status " << to_string(st.code) << " field " << (st.field ? st.field : "-"));
+    REQUIRE(st.ok());
+    KVROPE_CUDA_REQUIRE(cudaGetLastError());
+    KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+
+    const bool in_place = cfg.variant == Variant::kInPlace || cfg.variant == Variant::kInPlaceNoTables;
+    std::vector<T> h_gks = gks.to_host(), h_gvs = gvs.to_host(), h_gcos = gcos.to_host(), h_gsin = gsin.to_host();
+    std::vector<T> h_gk_in = in_place ? gk.to_host() : gk_in.to_host();
+    std::vector<T> h_gv_in = in_place ? gv.to_host() : gv_in.to_host();
+
+    BackwardParams<T, Pos> in;
+    fill_common(in, h_gk.data(), h_gv.data(), h_key.data(), h_cos.data(), h_sin.data(), nullptr, nullptr, nullptr,
+                nullptr, host_pos.data());
+    reference::BackwardOutputs<T> out;
+    out.grad_key_states = heads_view(h_gks.data(), cfg.shape.seq_len);
+    out.grad_value_states = heads_view(h_gvs.data(), cfg.shape.seq_len);
+    out.grad_key_cache_input = heads_view(h_gk_in.data(), cfg.shape.cache_len);
+    out.grad_value_cache_input = heads_view(h_gv_in.data(), cfg.shape.cache_len);
+    if (tables()) {
+      out.grad_cos = out_table_view(h_gcos.data());
+      out.grad_sin = out_table_view(h_gsin.data());
+    }
+    const reference::CheckResult r = reference::check_backward(in, out);
+    INFO("checked " << r.checked << ", mismatches " << r.mismatches << ": " << r.first_mismatch);
+    CHECK(r.ok());
+
+    // Out-of-range positions, and only they, raise the error flag.
+    const Status flag_status = read_error_flag(flag.get());
+    CHECK((flag_status.code == StatusCode::kPositionOutOfRange) == !reference::positions_in_range(in));
+    CHECK((flag_status.ok() || flag_status.code == StatusCode::kPositionOutOfRange));
+  }
+};
+
+}  // namespace kvrope::testing
