@@ -33,6 +33,7 @@ struct BackwardPlan {
   int grid = 0;               //!< blocks of the persistent grid
   int block = 0;              //!< threads per block
   int shared_bytes = 0;       //!< dynamic shared memory per block (the bitmask of rows in cache_position)
+  int token_blocks = 0;       //!< out-of-place: blocks doing token work; the rest of the grid copies the caches
 };
 
 namespace detail {
@@ -116,6 +117,33 @@ BackwardArgs<T> make_args(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk,
   return a;
 }
 
+// Blocks of `kernel` resident per SM at this block size; cached per kernel, device and shape since
+// the occupancy query costs a few microseconds of host time.
+template <typename Kernel>
+Status resident_blocks(Kernel kernel, int device, int block, int shared_bytes, int* out) {
+  struct Entry {
+    const void* kernel;
+    int device, block, shared_bytes, blocks;
+  };
+  thread_local Entry cache[8] = {};
+  thread_local int next = 0;
+  for (const Entry& e : cache)
+    if (e.kernel == reinterpret_cast<const void*>(kernel) && e.device == device && e.block == block &&
+        e.shared_bytes == shared_bytes) {
+      *out = e.blocks;
+      return {};
+    }
+  int blocks = 0;
+  if (Status s = cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block, shared_bytes),
+                             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      !s)
+    return s;
+  cache[next] = Entry{reinterpret_cast<const void*>(kernel), device, block, shared_bytes, blocks};
+  next = (next + 1) % 8;
+  *out = blocks;
+  return {};
+}
+
 // Picks the instance and the grid; launches it unless `plan_only`.
 template <typename T>
 Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cudaStream_t stream,
@@ -155,16 +183,33 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   if (Status s = cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute"); !s) return s;
   const LaunchTuning tune = tuning ? *tuning : default_tuning(major, minor);
   plan.block = std::clamp(tune.block_threads / 32 * 32, 32, kMaxBlockThreads);
-  const int64_t token_blocks = (tokens + plan.block / 32 - 1) / (plan.block / 32);
-  const int64_t copy_blocks = (copy_elems / plan.vec_width + int64_t{plan.block} * kCopyUnroll - 1) /
-                              (int64_t{plan.block} * kCopyUnroll);
-  const int64_t max_blocks = int64_t{sms} * std::max(tune.blocks_per_sm, 1);
-  plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(token_blocks, copy_blocks), 1, max_blocks));
   plan.shared_bytes = static_cast<int>(mask_bytes(a.window_rows));
+  int resident = 0;
+  if (Status s = resident_blocks(kernel, device, plan.block, plan.shared_bytes, &resident); !s) return s;
+  // One wave: never more blocks than fit on the device at once (the grid is persistent).
+  const int64_t grid_max = int64_t{sms} * std::max(1, std::min(tune.blocks_per_sm, resident));
+  const int64_t warps = plan.block / 32;
+  const int64_t token_blocks_max = (tokens + warps - 1) / warps;
+  if (a.in_place) {
+    plan.grid = static_cast<int>(std::clamp<int64_t>(token_blocks_max, 1, grid_max));
+  } else {
+    // Split the grid between the roles in proportion to the bytes each moves.
+    const double token_bytes = double(tokens) * double(a.head_dim) * (5.0 * double(a.heads) + 4.0);
+    const double copy_bytes = 2.0 * double(copy_elems);
+    const int64_t copy_blocks_max = (copy_elems / plan.vec_width + int64_t{plan.block} * kCopyUnroll - 1) /
+                                    (int64_t{plan.block} * kCopyUnroll);
+    const int64_t token_share = std::llround(double(grid_max) * token_bytes / (token_bytes + copy_bytes));
+    const int64_t token_blocks = tokens == 0 ? 0 : std::clamp<int64_t>(token_share, 1, token_blocks_max);
+    const int64_t copy_blocks = copy_elems == 0 ? 0 : std::clamp<int64_t>(grid_max - token_blocks, 1, copy_blocks_max);
+    plan.token_blocks = static_cast<int>(token_blocks);
+    plan.grid = static_cast<int>(std::max<int64_t>(token_blocks + copy_blocks, 1));
+  }
+  BackwardArgs<T> args = a;
+  args.token_blocks = plan.token_blocks;
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
 
-  kernel<<<plan.grid, plan.block, plan.shared_bytes, stream>>>(a);
+  kernel<<<plan.grid, plan.block, plan.shared_bytes, stream>>>(args);
   return cuda_status(cudaGetLastError(), "kernel launch");
 }
 

@@ -27,11 +27,12 @@ struct BackwardArgs {
   bool in_place;
   int* error_flag;
   int64_t window_rows;  // cache rows one shared-memory bitmask covers: a multiple of 32
+  int token_blocks;     // out-of-place: blocks [0, token_blocks) do token work, the rest copy work
   FastDivmod div_seq;   // token index -> (b, t)
   FastDivmod div_heads;
 };
 
-inline constexpr int kCopyUnroll = 4;
+inline constexpr int kCopyUnroll = 8;
 
 // Elements per access of the token work: at most 4 (8 bytes of bf16/fp16, 16 of fp32), so that a
 // lane's chunk pair, its table values and its two head-sum accumulators fit in registers.
@@ -179,7 +180,8 @@ __device__ __forceinline__ uint64_t divmod_by(uint64_t n, uint64_t& rem, const F
 // Out-of-place copy work over the cache rows [w0, w0 + wlen) of every (b, head): rows marked in the
 // bitmask are written as zeros without being read, all others are copied.
 template <typename T, int kHeadDim, int kVec>
-__device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int64_t w0, int64_t wlen) {
+__device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int64_t w0, int64_t wlen, int block,
+                            int blocks) {
   using V = Vec<T, kVec>;
   constexpr int kRowVecs = kHeadDim > 0 ? kHeadDim / kVec : 0;
   const int64_t row_vecs = a.head_dim / kVec;
@@ -187,8 +189,8 @@ __device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int6
   const FastDivmod div_wlen(static_cast<uint32_t>(wlen));
   const uint64_t per_tensor = static_cast<uint64_t>(a.batch * a.heads * wlen * row_vecs);
   const uint64_t total = 2 * per_tensor;
-  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
-  for (uint64_t base = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; base < total; base += stride * kCopyUnroll) {
+  const uint64_t stride = uint64_t(blocks) * blockDim.x;
+  for (uint64_t base = uint64_t(block) * blockDim.x + threadIdx.x; base < total; base += stride * kCopyUnroll) {
     V value[kCopyUnroll];
     T* dst[kCopyUnroll];
 #pragma unroll
@@ -216,32 +218,48 @@ __device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int6
   }
 }
 
+// Warp w of `warps` handles tokens w, w + warps, ...; with `zero_rows` (in-place) each zeroes its row
+// after reading it, or, when rows repeat, the first token of a row handles all of them.
+template <typename T, int kHeadDim, int kVec>
+__device__ void token_work(const BackwardArgs<T>& a, const WarpLayout<kHeadDim, kVec>& layout, int64_t warp,
+                           int64_t warps, bool zero_rows, bool repeats) {
+  const int lane = threadIdx.x & 31;
+  const int64_t tokens = a.batch * a.seq_len;
+  for (int64_t tok = warp; tok < tokens; tok += warps) {
+    uint64_t t;
+    const int64_t b = static_cast<int64_t>(a.div_seq.divmod(tok, t));
+    const int64_t r = cache_row(a, static_cast<int64_t>(t));
+    if (r < 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
+    if (zero_rows && repeats && r >= 0) {
+      process_row_group(a, layout, b, static_cast<int64_t>(t), r, lane);
+    } else {
+      process_token(a, layout, b, static_cast<int64_t>(t), r, zero_rows, lane);
+    }
+  }
+}
+
 //! The fused backward. kHeadDim = 0 is the generic path (D read at run time); kVec is the elements
-//! per access (16 bytes, or 1 when pointers or strides are not 16-byte aligned).
+//! per access of the copy work (16 bytes, or 1 when pointers or strides are not 16-byte aligned).
+//!
+//! Out-of-place, the grid is split by role so that both run at once: blocks [0, token_blocks) do
+//! the token work, the others build the bitmask of the rows in cache_position and copy every other
+//! row (writing zeros to the marked ones), so each output row is written exactly once.
+//! In-place, every block first learns whether a row repeats (the bitmask again), then does token work.
 template <typename T, int kHeadDim, int kVec>
 __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const BackwardArgs<T> a) {
   extern __shared__ uint32_t mask[];
   __shared__ int has_duplicates;
   const WarpLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim);
-  const int lane = threadIdx.x & 31;
   const int64_t warps_per_block = blockDim.x / 32;
-  const int64_t first_warp = blockIdx.x * warps_per_block + threadIdx.x / 32;
-  const int64_t total_warps = gridDim.x * warps_per_block;
-  const int64_t tokens = a.batch * a.seq_len;
+  const int64_t warp_in_block = threadIdx.x / 32;
 
-  if (threadIdx.x == 0) has_duplicates = 0;
-
-  // Token work first in the out-of-place variant (the copy work needs the bitmask, built below).
-  if (!a.in_place) {
-    for (int64_t tok = first_warp; tok < tokens; tok += total_warps) {
-      uint64_t t;
-      const int64_t b = static_cast<int64_t>(a.div_seq.divmod(tok, t));
-      process_token(a, layout, b, static_cast<int64_t>(t), cache_row(a, t), false, lane);
-    }
+  if (!a.in_place && static_cast<int>(blockIdx.x) < a.token_blocks) {
+    token_work(a, layout, blockIdx.x * warps_per_block + warp_in_block, a.token_blocks * warps_per_block, false,
+               false);
+    return;
   }
 
-  // Windows of the cache rows: build the bitmask of the rows in cache_position, then copy. The
-  // in-place variant only needs to know whether a row repeats, and stops at the first repeat.
+  if (threadIdx.x == 0) has_duplicates = 0;
   const int64_t windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
   for (int64_t win = 0; win < windows; ++win) {
     const int64_t w0 = win * a.window_rows;
@@ -254,30 +272,19 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
       if (r >= w0 && r < w0 + wlen) {
         const uint32_t bit = 1u << ((r - w0) & 31);
         if (atomicOr(&mask[(r - w0) >> 5], bit) & bit) atomicOr(&has_duplicates, 1);
-      } else if (r < 0 && win == 0 && blockIdx.x == 0 && a.error_flag) {
-        atomicOr(a.error_flag, kErrorPositionOutOfRange);
       }
     }
     __syncthreads();
     if (!a.in_place) {
-      copy_window<T, kHeadDim, kVec>(a, mask, w0, wlen);
+      copy_window<T, kHeadDim, kVec>(a, mask, w0, wlen, blockIdx.x - a.token_blocks, gridDim.x - a.token_blocks);
     } else if (has_duplicates) {
       break;
     }
   }
 
   if (a.in_place) {
-    const bool repeats = has_duplicates != 0;
-    for (int64_t tok = first_warp; tok < tokens; tok += total_warps) {
-      uint64_t t;
-      const int64_t b = static_cast<int64_t>(a.div_seq.divmod(tok, t));
-      const int64_t r = cache_row(a, t);
-      if (repeats && r >= 0) {
-        process_row_group(a, layout, b, static_cast<int64_t>(t), r, lane);
-      } else {
-        process_token(a, layout, b, static_cast<int64_t>(t), r, true, lane);
-      }
-    }
+    token_work(a, layout, blockIdx.x * warps_per_block + warp_in_block, gridDim.x * warps_per_block, true,
+               has_duplicates != 0);
   }
 }
 
