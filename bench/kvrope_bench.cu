@@ -103,6 +103,9 @@ struct Options {
   std::vector<Variant> variants{kAllVariants, kAllVariants + 3};
   std::string json_path = "kvrope_bench_results.json";
   uint64_t seed = 20261129;
+  // Launch parameters of the fused variants; 0 = the device's kvrope::default_tuning().
+  int block_threads = 0;
+  int blocks_per_sm = 0;
 };
 
 Options g_options;
@@ -117,6 +120,8 @@ void print_usage() {
       "  --positions=arange|random   cache_position = arange(S), or S distinct random rows of S_max\n"
       "  --iters=N                   timed calls per case and variant (default 100; the protocol wants >= 50)\n"
       "  --warmup=N                  untimed calls before the timed ones (default 3)\n"
+      "  --block=N                   threads per block of the fused kernel (default: kvrope::default_tuning)\n"
+      "  --blocks_per_sm=N           resident blocks per SM asked for (capped by occupancy)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
       "  --primer=0                  no primer kernel between the flush and the call (diagnostic: CUPTI's\n"
@@ -194,6 +199,10 @@ Options parse_options(int* argc, char** argv) {
       opt.seed = static_cast<uint64_t>(parse_int(arg, value, 0));
     } else if (key == "--primer") {
       opt.primer = parse_int(arg, value, 0) != 0;
+    } else if (key == "--block") {
+      opt.block_threads = static_cast<int>(parse_int(arg, value, 32));
+    } else if (key == "--blocks_per_sm") {
+      opt.blocks_per_sm = static_cast<int>(parse_int(arg, value, 1));
     } else if (key == "--no_check") {
       opt.check = false;
     } else if (key == "--kvrope_json") {
@@ -944,10 +953,19 @@ void run_variant(benchmark::State& state, const LeaderboardCase& lc, Variant var
   void* ws = variant == Variant::kNaive ? data.naive_workspace(&ws_bytes) : nullptr;
 
   kvrope::Status status;
+  // --block / --blocks_per_sm override the device's default launch parameters (tuning sweeps).
+  const bool tuned = g_options.block_threads > 0 || g_options.blocks_per_sm > 0;
+  kvrope::LaunchTuning tuning;
+  if (g_options.block_threads > 0) tuning.block_threads = g_options.block_threads;
+  if (g_options.blocks_per_sm > 0) tuning.blocks_per_sm = g_options.blocks_per_sm;
   auto launch = [&](cudaStream_t st) {
     switch (variant) {
-      case Variant::kFused: status = kvrope::kv_cache_rope_backward(oop, st); break;
-      case Variant::kInPlace: status = kvrope::kv_cache_rope_backward(ip, st); break;
+      case Variant::kFused:
+        status = tuned ? kvrope::kv_cache_rope_backward(oop, tuning, st) : kvrope::kv_cache_rope_backward(oop, st);
+        break;
+      case Variant::kInPlace:
+        status = tuned ? kvrope::kv_cache_rope_backward(ip, tuning, st) : kvrope::kv_cache_rope_backward(ip, st);
+        break;
       case Variant::kNaive: status = kvrope::reference::naive_backward(oop, ws, ws_bytes, st); break;
     }
   };
