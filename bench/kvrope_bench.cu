@@ -106,6 +106,7 @@ struct Options {
   // Launch parameters of the fused variants; 0 = the device's kvrope::default_tuning().
   int block_threads = 0;
   int blocks_per_sm = 0;
+  double token_warp_weight = 0;
 };
 
 Options g_options;
@@ -122,6 +123,7 @@ void print_usage() {
       "  --warmup=N                  untimed calls before the timed ones (default 3)\n"
       "  --block=N                   threads per block of the fused kernel (default: kvrope::default_tuning)\n"
       "  --blocks_per_sm=N           resident blocks per SM asked for (capped by occupancy)\n"
+      "  --token_weight=X            LaunchTuning::token_warp_weight (out-of-place warp split)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
       "  --primer=0                  no primer kernel between the flush and the call (diagnostic: CUPTI's\n"
@@ -201,6 +203,8 @@ Options parse_options(int* argc, char** argv) {
       opt.primer = parse_int(arg, value, 0) != 0;
     } else if (key == "--block") {
       opt.block_threads = static_cast<int>(parse_int(arg, value, 32));
+    } else if (key == "--token_weight") {
+      opt.token_warp_weight = std::stod(value);
     } else if (key == "--blocks_per_sm") {
       opt.blocks_per_sm = static_cast<int>(parse_int(arg, value, 1));
     } else if (key == "--no_check") {
@@ -954,10 +958,11 @@ void run_variant(benchmark::State& state, const LeaderboardCase& lc, Variant var
 
   kvrope::Status status;
   // --block / --blocks_per_sm override the device's default launch parameters (tuning sweeps).
-  const bool tuned = g_options.block_threads > 0 || g_options.blocks_per_sm > 0;
+  const bool tuned = g_options.block_threads > 0 || g_options.blocks_per_sm > 0 || g_options.token_warp_weight > 0;
   kvrope::LaunchTuning tuning;
   if (g_options.block_threads > 0) tuning.block_threads = g_options.block_threads;
   if (g_options.blocks_per_sm > 0) tuning.blocks_per_sm = g_options.blocks_per_sm;
+  if (g_options.token_warp_weight > 0) tuning.token_warp_weight = g_options.token_warp_weight;
   auto launch = [&](cudaStream_t st) {
     switch (variant) {
       case Variant::kFused:

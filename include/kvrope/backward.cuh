@@ -33,7 +33,7 @@ struct BackwardPlan {
   int grid = 0;               //!< blocks of the persistent grid
   int block = 0;              //!< threads per block
   int shared_bytes = 0;       //!< dynamic shared memory per block (the bitmask of rows in cache_position)
-  int token_blocks = 0;       //!< out-of-place: blocks doing token work; the rest of the grid copies the caches
+  int token_warps = 0;        //!< out-of-place: warps of each block doing token work; the others copy the caches
 };
 
 namespace detail {
@@ -190,22 +190,31 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t grid_max = int64_t{sms} * std::max(1, std::min(tune.blocks_per_sm, resident));
   const int64_t warps = plan.block / 32;
   const int64_t token_blocks_max = (tokens + warps - 1) / warps;
+  plan.grid = static_cast<int>(grid_max);
   if (a.in_place) {
     plan.grid = static_cast<int>(std::clamp<int64_t>(token_blocks_max, 1, grid_max));
+  } else if (tokens == 0) {
+    plan.token_warps = 0;
+    const int64_t copy_blocks = (copy_elems / plan.vec_width + int64_t{plan.block} * kCopyUnroll - 1) /
+                                (int64_t{plan.block} * kCopyUnroll);
+    plan.grid = static_cast<int>(std::clamp<int64_t>(copy_blocks, 1, grid_max));
+  } else if (copy_elems == 0) {
+    plan.token_warps = static_cast<int>(warps);
+    plan.grid = static_cast<int>(std::clamp<int64_t>(token_blocks_max, 1, grid_max));
   } else {
-    // Split the grid between the roles in proportion to the bytes each moves.
+    // Split each block's warps between the roles in proportion to the bytes each moves.
     const double token_bytes = double(tokens) * double(a.head_dim) * (5.0 * double(a.heads) + 4.0);
     const double copy_bytes = 2.0 * double(copy_elems);
-    const int64_t copy_blocks_max = (copy_elems / plan.vec_width + int64_t{plan.block} * kCopyUnroll - 1) /
-                                    (int64_t{plan.block} * kCopyUnroll);
-    const int64_t token_share = std::llround(double(grid_max) * token_bytes / (token_bytes + copy_bytes));
-    const int64_t token_blocks = tokens == 0 ? 0 : std::clamp<int64_t>(token_share, 1, token_blocks_max);
-    const int64_t copy_blocks = copy_elems == 0 ? 0 : std::clamp<int64_t>(grid_max - token_blocks, 1, copy_blocks_max);
-    plan.token_blocks = static_cast<int>(token_blocks);
-    plan.grid = static_cast<int>(std::max<int64_t>(token_blocks + copy_blocks, 1));
+    const double share = token_bytes / (token_bytes + tune.token_warp_weight * copy_bytes);
+    plan.token_warps = static_cast<int>(std::clamp<int64_t>(std::llround(double(warps) * share), 1, warps - 1));
+    // Small problems: no more blocks than either role can use.
+    const int64_t copy_threads = (warps - plan.token_warps) * 32;
+    const int64_t copy_blocks = (copy_elems / plan.vec_width + copy_threads * kCopyUnroll - 1) / (copy_threads * kCopyUnroll);
+    const int64_t token_blocks = (tokens + plan.token_warps - 1) / plan.token_warps;
+    plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(copy_blocks, token_blocks), 1, grid_max));
   }
   BackwardArgs<T> args = a;
-  args.token_blocks = plan.token_blocks;
+  args.token_warps = plan.token_warps;
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
 

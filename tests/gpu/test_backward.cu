@@ -51,7 +51,8 @@ TEMPLATE_TEST_CASE("backward on leaderboard case shapes 4, 8, 10, 16", "[gpu][ca
     for (Layout layout : {Layout::kBHSD, Layout::kBSHD})
       for (Positions positions : {Positions::kArange, Positions::kPermutation, Positions::kDuplicates})
         for (Variant variant : {Variant::kOutOfPlace, Variant::kInPlace, Variant::kNaive}) {
-          // The other dtypes take fewer combinations: the kernel paths are the same as for bf16.
+          // BSHD and the other dtypes take fewer combinations (the kernel paths are the same).
+          if (layout == Layout::kBSHD && positions != Positions::kArange) continue;
           if (!std::is_same_v<TestType, __nv_bfloat16> && (positions != Positions::kArange || layout == Layout::kBSHD))
             continue;
           run<TestType, int64_t>(Config{shape, layout, positions, variant, false, seed++});

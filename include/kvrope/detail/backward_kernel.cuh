@@ -27,7 +27,7 @@ struct BackwardArgs {
   bool in_place;
   int* error_flag;
   int64_t window_rows;  // cache rows one shared-memory bitmask covers: a multiple of 32
-  int token_blocks;     // out-of-place: blocks [0, token_blocks) do token work, the rest copy work
+  int token_warps;      // out-of-place: warps [0, token_warps) of each block do token work, the rest copy
   FastDivmod div_seq;   // token index -> (b, t)
   FastDivmod div_heads;
 };
@@ -112,7 +112,7 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const Wa
       // The tables stay in T across the head loop and widen at each use: half the registers.
       const RawChunk<T, kVec> cs = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, t), w.half, i0);
       const RawChunk<T, kVec> sn = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, t), w.half, i0);
-#pragma unroll 2
+#pragma unroll 4
       for (int64_t j = slot; j < a.heads; j += w.slots) {
         RawChunk<T, kVec> g{V::zeros(), V::zeros()}, v{V::zeros(), V::zeros()}, k{V::zeros(), V::zeros()};
         if (valid) {
@@ -180,8 +180,8 @@ __device__ __forceinline__ uint64_t divmod_by(uint64_t n, uint64_t& rem, const F
 // Out-of-place copy work over the cache rows [w0, w0 + wlen) of every (b, head): rows marked in the
 // bitmask are written as zeros without being read, all others are copied.
 template <typename T, int kHeadDim, int kVec>
-__device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int64_t w0, int64_t wlen, int block,
-                            int blocks) {
+__device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int64_t w0, int64_t wlen,
+                            uint64_t thread, uint64_t threads) {
   using V = Vec<T, kVec>;
   constexpr int kRowVecs = kHeadDim > 0 ? kHeadDim / kVec : 0;
   const int64_t row_vecs = a.head_dim / kVec;
@@ -189,8 +189,8 @@ __device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int6
   const FastDivmod div_wlen(static_cast<uint32_t>(wlen));
   const uint64_t per_tensor = static_cast<uint64_t>(a.batch * a.heads * wlen * row_vecs);
   const uint64_t total = 2 * per_tensor;
-  const uint64_t stride = uint64_t(blocks) * blockDim.x;
-  for (uint64_t base = uint64_t(block) * blockDim.x + threadIdx.x; base < total; base += stride * kCopyUnroll) {
+  const uint64_t stride = threads;
+  for (uint64_t base = thread; base < total; base += stride * kCopyUnroll) {
     V value[kCopyUnroll];
     T* dst[kCopyUnroll];
 #pragma unroll
@@ -219,72 +219,109 @@ __device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int6
 }
 
 // Warp w of `warps` handles tokens w, w + warps, ...; with `zero_rows` (in-place) each zeroes its row
-// after reading it, or, when rows repeat, the first token of a row handles all of them.
+// after reading it, or, when rows repeat, the first token of a row handles all of them. The next
+// token's position is loaded before the current token's rows, so its latency is hidden.
 template <typename T, int kHeadDim, int kVec>
 __device__ void token_work(const BackwardArgs<T>& a, const WarpLayout<kHeadDim, kVec>& layout, int64_t warp,
                            int64_t warps, bool zero_rows, bool repeats) {
   const int lane = threadIdx.x & 31;
   const int64_t tokens = a.batch * a.seq_len;
+  uint64_t t = 0;
+  int64_t b = warp < tokens ? static_cast<int64_t>(a.div_seq.divmod(warp, t)) : 0;
+  int64_t r = warp < tokens ? cache_row(a, static_cast<int64_t>(t)) : -1;
   for (int64_t tok = warp; tok < tokens; tok += warps) {
-    uint64_t t;
-    const int64_t b = static_cast<int64_t>(a.div_seq.divmod(tok, t));
-    const int64_t r = cache_row(a, static_cast<int64_t>(t));
-    if (r < 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
-    if (zero_rows && repeats && r >= 0) {
-      process_row_group(a, layout, b, static_cast<int64_t>(t), r, lane);
+    const int64_t cur_b = b, cur_t = static_cast<int64_t>(t), cur_r = r;
+    if (tok + warps < tokens) {
+      b = static_cast<int64_t>(a.div_seq.divmod(tok + warps, t));
+      r = cache_row(a, static_cast<int64_t>(t));
+    }
+    if (cur_r < 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
+    if (zero_rows && repeats && cur_r >= 0) {
+      process_row_group(a, layout, cur_b, cur_t, cur_r, lane);
     } else {
-      process_token(a, layout, b, static_cast<int64_t>(t), r, zero_rows, lane);
+      process_token(a, layout, cur_b, cur_t, cur_r, zero_rows, lane);
     }
   }
+}
+
+// Marks the rows [w0, w0 + wlen) written by cache_position in `mask`; sets *repeats when a row is
+// written twice. The caller synchronizes the threads that use the mask around it.
+template <typename T>
+__device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0, int64_t wlen, int thread,
+                           int threads, int* repeats) {
+  for (int64_t t = thread; t < a.seq_len; t += threads) {
+    const int64_t r = cache_row(a, t);
+    if (r >= w0 && r < w0 + wlen) {
+      const uint32_t bit = 1u << ((r - w0) & 31);
+      if (atomicOr(&mask[(r - w0) >> 5], bit) & bit) atomicOr(repeats, 1);
+    }
+  }
+}
+
+// A barrier among the copy warps alone (the token warps of the block do not take part).
+__device__ __forceinline__ void copy_warps_sync(int threads) {
+  asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
 }
 
 //! The fused backward. kHeadDim = 0 is the generic path (D read at run time); kVec is the elements
 //! per access of the copy work (16 bytes, or 1 when pointers or strides are not 16-byte aligned).
 //!
-//! Out-of-place, the grid is split by role so that both run at once: blocks [0, token_blocks) do
-//! the token work, the others build the bitmask of the rows in cache_position and copy every other
-//! row (writing zeros to the marked ones), so each output row is written exactly once.
-//! In-place, every block first learns whether a row repeats (the bitmask again), then does token work.
+//! Out-of-place, every block splits its warps by role so that both run at once on every SM: warps
+//! [0, token_warps) do the token work, the others copy every cache row not in cache_position and
+//! write zeros to those that are (a bitmask in shared memory tells them apart), so each output row
+//! is written exactly once. In-place, every block first learns whether a row repeats (the bitmask
+//! again), then all its warps do token work.
 template <typename T, int kHeadDim, int kVec>
 __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const BackwardArgs<T> a) {
   extern __shared__ uint32_t mask[];
-  __shared__ int has_duplicates;
+  __shared__ int repeats;
   const WarpLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim);
-  const int64_t warps_per_block = blockDim.x / 32;
-  const int64_t warp_in_block = threadIdx.x / 32;
+  const int warps_per_block = blockDim.x / 32;
+  const int warp_in_block = threadIdx.x / 32;
+  const int64_t windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
+  const int64_t first_len = a.cache_len < a.window_rows ? a.cache_len : a.window_rows;
 
-  if (!a.in_place && static_cast<int>(blockIdx.x) < a.token_blocks) {
-    token_work(a, layout, blockIdx.x * warps_per_block + warp_in_block, a.token_blocks * warps_per_block, false,
-               false);
+  // The first window's bitmask, built by the whole block.
+  if (threadIdx.x == 0) repeats = 0;
+  for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
+  __syncthreads();
+  build_mask(a, mask, 0, first_len, threadIdx.x, blockDim.x, &repeats);
+  __syncthreads();
+
+  if (a.in_place) {
+    // Only whether a row repeats matters here; later windows are scanned until one does.
+    for (int64_t win = 1; win < windows && !repeats; ++win) {
+      const int64_t w0 = win * a.window_rows;
+      const int64_t wlen = a.cache_len - w0 < a.window_rows ? a.cache_len - w0 : a.window_rows;
+      for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
+      __syncthreads();
+      build_mask(a, mask, w0, wlen, threadIdx.x, blockDim.x, &repeats);
+      __syncthreads();
+    }
+    token_work(a, layout, int64_t{blockIdx.x} * warps_per_block + warp_in_block, int64_t{gridDim.x} * warps_per_block,
+               true, repeats != 0);
     return;
   }
 
-  if (threadIdx.x == 0) has_duplicates = 0;
-  const int64_t windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
-  for (int64_t win = 0; win < windows; ++win) {
+  if (warp_in_block < a.token_warps) {
+    token_work(a, layout, int64_t{blockIdx.x} * a.token_warps + warp_in_block, int64_t{gridDim.x} * a.token_warps,
+               false, false);
+    return;
+  }
+  const int copy_threads = blockDim.x - a.token_warps * 32;
+  const int copy_thread = threadIdx.x - a.token_warps * 32;
+  const uint64_t thread = uint64_t{blockIdx.x} * copy_threads + copy_thread;
+  const uint64_t threads = uint64_t{gridDim.x} * copy_threads;
+  copy_window<T, kHeadDim, kVec>(a, mask, 0, first_len, thread, threads);
+  for (int64_t win = 1; win < windows; ++win) {  // caches longer than one bitmask window
     const int64_t w0 = win * a.window_rows;
     const int64_t wlen = a.cache_len - w0 < a.window_rows ? a.cache_len - w0 : a.window_rows;
-    __syncthreads();
-    for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
-    __syncthreads();
-    for (int64_t t = threadIdx.x; t < a.seq_len; t += blockDim.x) {
-      const int64_t r = cache_row(a, t);
-      if (r >= w0 && r < w0 + wlen) {
-        const uint32_t bit = 1u << ((r - w0) & 31);
-        if (atomicOr(&mask[(r - w0) >> 5], bit) & bit) atomicOr(&has_duplicates, 1);
-      }
-    }
-    __syncthreads();
-    if (!a.in_place) {
-      copy_window<T, kHeadDim, kVec>(a, mask, w0, wlen, blockIdx.x - a.token_blocks, gridDim.x - a.token_blocks);
-    } else if (has_duplicates) {
-      break;
-    }
-  }
-
-  if (a.in_place) {
-    token_work(a, layout, blockIdx.x * warps_per_block + warp_in_block, gridDim.x * warps_per_block, true,
-               has_duplicates != 0);
+    copy_warps_sync(copy_threads);
+    for (int64_t i = copy_thread; i < a.window_rows / 32; i += copy_threads) mask[i] = 0;
+    copy_warps_sync(copy_threads);
+    build_mask(a, mask, w0, wlen, copy_thread, copy_threads, &repeats);
+    copy_warps_sync(copy_threads);
+    copy_window<T, kHeadDim, kVec>(a, mask, w0, wlen, thread, threads);
   }
 }
 
