@@ -112,7 +112,7 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const Wa
       // The tables stay in T across the head loop and widen at each use: half the registers.
       const RawChunk<T, kVec> cs = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, t), w.half, i0);
       const RawChunk<T, kVec> sn = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, t), w.half, i0);
-#pragma unroll 4
+#pragma unroll 2
       for (int64_t j = slot; j < a.heads; j += w.slots) {
         RawChunk<T, kVec> g{V::zeros(), V::zeros()}, v{V::zeros(), V::zeros()}, k{V::zeros(), V::zeros()};
         if (valid) {
