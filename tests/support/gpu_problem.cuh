@@ -109,12 +109,17 @@ struct Config {
   Variant variant = Variant::kOutOfPlace;
   bool broadcast_tables = false;
   uint64_t seed = 1;
+  // Arbitrary strides: extra elements after each row, head block and batch of every tensor, and a
+  // pointer offset (in elements) that breaks 16-byte alignment when odd.
+  int64_t pad_row = 0, pad_head = 0, pad_batch = 0, offset = 0;
 
   std::string describe() const {
     std::ostringstream os;
     os << "B=" << shape.batch << " H=" << shape.heads << " S=" << shape.seq_len << " S_max=" << shape.cache_len
        << " D=" << shape.head_dim << " " << name(layout) << " positions=" << name(positions)
        << " variant=" << name(variant) << (broadcast_tables ? " broadcast_tables" : "") << " seed=" << seed;
+    if (pad_row || pad_head || pad_batch || offset)
+      os << " pad=" << pad_row << "/" << pad_head << "/" << pad_batch << " offset=" << offset;
     return os.str();
   }
 };
@@ -160,14 +165,15 @@ struct Problem {
   DeviceBuffer<T> gk, gv, key, cos, sin, gks, gvs, gcos, gsin, gk_in, gv_in;
   DeviceBuffer<Pos> pos;
   DeviceBuffer<int> flag;
+  DeviceBuffer<char> workspace;  // the naive reference's temporaries
   std::vector<Pos> host_pos;
 
   explicit Problem(const Config& c) : cfg(c) {
     const Shape& s = c.shape;
-    const size_t cache = s.batch * s.heads * s.cache_len * s.head_dim;
-    const size_t tok = s.batch * s.heads * s.seq_len * s.head_dim;
-    const size_t tab = (c.broadcast_tables ? 1 : s.batch) * s.seq_len * s.head_dim;
-    const size_t tab_out = s.batch * s.seq_len * s.head_dim;
+    const size_t cache = heads_span(s.cache_len);
+    const size_t tok = heads_span(s.seq_len);
+    const size_t tab = table_span(c.broadcast_tables);
+    const size_t tab_out = table_span(false);
     gk = DeviceBuffer<T>(cache);
     gv = DeviceBuffer<T>(cache);
     key = DeviceBuffer<T>(tok);
@@ -189,12 +195,38 @@ struct Problem {
       KVROPE_CUDA_REQUIRE(cudaMemcpy(pos.get(), host_pos.data(), s.seq_len * sizeof(Pos), cudaMemcpyHostToDevice));
   }
 
+  // [B, H, len, D] with the configured layout and padding, starting `offset` elements into `data`.
   HeadRows<T> heads_view(T* data, int64_t len) const {
     const Shape& s = cfg.shape;
-    return cfg.layout == Layout::kBHSD ? bhsd(data, s.heads, len, s.head_dim) : bshd(data, s.heads, len, s.head_dim);
+    const int64_t row = s.head_dim + cfg.pad_row;
+    HeadRows<T> v{data ? data + cfg.offset : nullptr, 0, 0, 0};
+    if (cfg.layout == Layout::kBHSD) {
+      v.seq_stride = row;
+      v.head_stride = len * row + cfg.pad_head;
+      v.batch_stride = s.heads * v.head_stride + cfg.pad_batch;
+    } else {
+      v.head_stride = row;
+      v.seq_stride = s.heads * row + cfg.pad_head;
+      v.batch_stride = len * v.seq_stride + cfg.pad_batch;
+    }
+    return v;
   }
-  TokenRows<T> table_view(T* data) const { return bsd(data, cfg.shape.seq_len, cfg.shape.head_dim, cfg.broadcast_tables); }
-  TokenRows<T> out_table_view(T* data) const { return bsd(data, cfg.shape.seq_len, cfg.shape.head_dim); }
+  size_t heads_span(int64_t len) const {
+    const HeadRows<T> v = heads_view(nullptr, len);
+    return static_cast<size_t>(cfg.offset + cfg.shape.batch * v.batch_stride);
+  }
+  TokenRows<T> table_view(T* data, bool broadcast) const {
+    const int64_t row = cfg.shape.head_dim + cfg.pad_row;
+    const int64_t batch_stride = broadcast ? 0 : cfg.shape.seq_len * row + cfg.pad_batch;
+    return {data ? data + cfg.offset : nullptr, batch_stride, row};
+  }
+  size_t table_span(bool broadcast) const {
+    const TokenRows<T> v = table_view(nullptr, broadcast);
+    const int64_t batches = broadcast ? 1 : cfg.shape.batch;
+    return static_cast<size_t>(cfg.offset + batches * (cfg.shape.seq_len * v.seq_stride + cfg.pad_batch));
+  }
+  TokenRows<T> table_view(T* data) const { return table_view(data, cfg.broadcast_tables); }
+  TokenRows<T> out_table_view(T* data) const { return table_view(data, false); }
 
   bool tables() const {
     return cfg.variant != Variant::kOutOfPlaceNoTables && cfg.variant != Variant::kInPlaceNoTables;
@@ -244,30 +276,49 @@ struct Problem {
     KVROPE_CUDA_REQUIRE(cudaMemset(flag.get(), 0, sizeof(int)));
   }
 
+  bool in_place() const { return cfg.variant == Variant::kInPlace || cfg.variant == Variant::kInPlaceNoTables; }
+
+  //! Launches the configured implementation on `stream` (no synchronization).
+  Status launch(cudaStream_t stream = nullptr) {
+    if (in_place()) return kv_cache_rope_backward(device_inplace_params(), stream);
+    if (cfg.variant == Variant::kNaive) {
+      auto p = device_params();
+      workspace = DeviceBuffer<char>(reference::naive_backward_workspace_bytes(p));
+      return reference::naive_backward(p, workspace.get(), workspace.size(), stream);
+    }
+    return kv_cache_rope_backward(device_params(), stream);
+  }
+
   //! Runs the configured implementation once and checks everything it wrote against float64.
   void run_and_check() {
+    launch_and_check([&] {
+      const Status st = launch();
+      INFO("status " << to_string(st.code) << " field " << (st.field ? st.field : "-"));
+      REQUIRE(st.ok());
+    });
+  }
+
+  //! Poisons the outputs, snapshots the inputs, calls `run` (which must launch this problem's op
+  //! on any stream), synchronizes and checks every output against float64.
+  template <typename Run>
+  void launch_and_check(Run&& run) {
     INFO(cfg.describe());
     poison_outputs();
+    KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
     // Host copies of the inputs, taken before the call (the in-place variant overwrites gK, gV).
     std::vector<T> h_gk = gk.to_host(), h_gv = gv.to_host(), h_key = key.to_host(), h_cos = cos.to_host(),
                    h_sin = sin.to_host();
-    Status st;
-    if (cfg.variant == Variant::kInPlace || cfg.variant == Variant::kInPlaceNoTables) {
-      st = kv_cache_rope_backward(device_inplace_params());
-    } else if (cfg.variant == Variant::kNaive) {
-      auto p = device_params();
-      DeviceBuffer<char> ws(reference::naive_backward_workspace_bytes(p));
-      st = reference::naive_backward(p, ws.get(), ws.size());
-      KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
-    } else {
-      st = kv_cache_rope_backward(device_params());
-    }
-    INFO("status " << to_string(st.code) << " field " << (st.field ? st.field : "-"));
-    REQUIRE(st.ok());
+    run();
     KVROPE_CUDA_REQUIRE(cudaGetLastError());
     KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+    check(h_gk, h_gv, h_key, h_cos, h_sin);
+  }
 
-    const bool in_place = cfg.variant == Variant::kInPlace || cfg.variant == Variant::kInPlaceNoTables;
+  //! Checks the outputs now on the device against float64 results from the given input copies.
+  void check(std::vector<T>& h_gk, std::vector<T>& h_gv, std::vector<T>& h_key, std::vector<T>& h_cos,
+             std::vector<T>& h_sin) {
+    INFO(cfg.describe());
+    const bool in_place = this->in_place();
     std::vector<T> h_gks = gks.to_host(), h_gvs = gvs.to_host(), h_gcos = gcos.to_host(), h_gsin = gsin.to_host();
     std::vector<T> h_gk_in = in_place ? gk.to_host() : gk_in.to_host();
     std::vector<T> h_gv_in = in_place ? gv.to_host() : gv_in.to_host();

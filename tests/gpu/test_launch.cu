@@ -1,0 +1,98 @@
+// GPU tests of how the launchers behave: CUDA graph capture and replay on new inputs, concurrent
+// streams, the vector and scalar paths, a cache of more than 2^31 elements, and a grid that a
+// 2-D/3-D launch would overflow.
+#include <vector>
+
+#include "support/gpu_problem.cuh"
+
+using namespace kvrope;
+using namespace kvrope::testing;
+
+TEST_CASE("a call captured in a CUDA graph replays correctly on new inputs", "[gpu][graph]") {
+  for (Variant variant : {Variant::kOutOfPlace, Variant::kInPlace}) {
+    Problem<__nv_bfloat16, int64_t> p(Config{{2, 8, 37, 300, 128}, Layout::kBHSD, Positions::kPermutation, variant,
+                                             false, 21});
+    cudaStream_t stream;
+    KVROPE_CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    KVROPE_CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const Status captured = p.launch(stream);  // allocates nothing, syncs nothing: capturable
+    KVROPE_CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
+    REQUIRE(captured.ok());
+    KVROPE_CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+    for (uint64_t round = 0; round < 3; ++round) {
+      // New inputs in the same buffers, then a replay.
+      uint64_t seed = 777 + 10 * round;
+      for (DeviceBuffer<__nv_bfloat16>* b : {&p.gk, &p.gv, &p.key, &p.cos, &p.sin}) fill_random(*b, ++seed);
+      p.launch_and_check([&] { KVROPE_CUDA_REQUIRE(cudaGraphLaunch(exec, stream)); });
+    }
+    KVROPE_CUDA_REQUIRE(cudaGraphExecDestroy(exec));
+    KVROPE_CUDA_REQUIRE(cudaGraphDestroy(graph));
+    KVROPE_CUDA_REQUIRE(cudaStreamDestroy(stream));
+  }
+}
+
+TEST_CASE("calls on several streams run concurrently and each is right", "[gpu][streams]") {
+  constexpr int kStreams = 4;
+  std::vector<Problem<__half, int32_t>> problems;
+  for (int i = 0; i < kStreams; ++i)
+    problems.emplace_back(Config{{3, 4, 50 + i, 400, 64 + 32 * (i % 2)}, i % 2 ? Layout::kBSHD : Layout::kBHSD,
+                                 Positions::kPermutation, i % 2 ? Variant::kInPlace : Variant::kOutOfPlace, false,
+                                 uint64_t(31 + i)});
+  std::vector<cudaStream_t> streams(kStreams);
+  for (auto& s : streams) KVROPE_CUDA_REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // Snapshot every input first, then launch all, then check all.
+  std::vector<std::vector<__half>> gk(kStreams), gv(kStreams), key(kStreams), cos(kStreams), sin(kStreams);
+  for (int i = 0; i < kStreams; ++i) {
+    problems[i].poison_outputs();
+    gk[i] = problems[i].gk.to_host(), gv[i] = problems[i].gv.to_host(), key[i] = problems[i].key.to_host();
+    cos[i] = problems[i].cos.to_host(), sin[i] = problems[i].sin.to_host();
+  }
+  KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+  for (int i = 0; i < kStreams; ++i) REQUIRE(problems[i].launch(streams[i]).ok());
+  KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+  for (int i = 0; i < kStreams; ++i) problems[i].check(gk[i], gv[i], key[i], cos[i], sin[i]);
+  for (auto& s : streams) KVROPE_CUDA_REQUIRE(cudaStreamDestroy(s));
+}
+
+TEST_CASE("misaligned pointers and odd strides take the scalar path and stay right", "[gpu][alignment]") {
+  struct Case {
+    int64_t offset, pad_row;
+    BackwardPath expected;
+  };
+  for (const Case c : {Case{0, 0, BackwardPath::kCompiledHeadDim}, Case{0, 8, BackwardPath::kCompiledHeadDim},
+                       Case{1, 0, BackwardPath::kGenericScalar}, Case{0, 1, BackwardPath::kGenericScalar},
+                       Case{1, 3, BackwardPath::kGenericScalar}}) {
+    for (Variant variant : {Variant::kOutOfPlace, Variant::kInPlace}) {
+      Config cfg{{2, 4, 19, 64, 128}, Layout::kBSHD, Positions::kNegative, variant, true, 41};
+      cfg.offset = c.offset;
+      cfg.pad_row = c.pad_row;
+      Problem<__nv_bfloat16, int64_t> p(cfg);
+      BackwardPlan plan;
+      REQUIRE((variant == Variant::kInPlace ? plan_backward(p.device_inplace_params(), &plan)
+                                            : plan_backward(p.device_params(), &plan))
+                  .ok());
+      INFO(cfg.describe());
+      CHECK(plan.path == c.expected);
+      p.run_and_check();
+    }
+  }
+}
+
+TEST_CASE("a cache of more than 2^31 elements", "[gpu][large]") {
+  // 4 x 1 x (2^29 / 128 + 256) rows x 128 = 2^31 + 131072 elements per cache (4.3 GB in bf16).
+  const int64_t rows = (int64_t{1} << 29) / 128 + 256;
+  for (Variant variant : {Variant::kOutOfPlace, Variant::kInPlace}) {
+    Problem<__nv_bfloat16, int64_t> p(Config{{4, 1, 16, rows, 128}, Layout::kBHSD, Positions::kPermutation,
+                                             variant, false, 51});
+    REQUIRE(p.gk.size() > (size_t{1} << 31));
+    p.run_and_check();
+  }
+}
+
+TEST_CASE("more batches x heads than a grid's y or z dimension could hold", "[gpu][large]") {
+  Problem<float, int32_t> p(Config{{70000, 1, 1, 2, 64}, Layout::kBHSD, Positions::kNegative, Variant::kOutOfPlace,
+                                   false, 61});
+  p.run_and_check();
+}
