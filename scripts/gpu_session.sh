@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call that builds, tests, sanitizes and benchmarks (see ../shared/device/README.md).
+# Run on the GPU machine from the repository root after `source .deps/gpu-env.sh`; writes logs to
+# $OUT (or ./out) and prints a short table last.
+#   STAGES   which stages to run (default "build test memcheck racecheck bench")
+#   RANDOM_CONFIGS  configurations of the long randomized test (default 2000)
+#   BENCH_ARGS      extra arguments of kvrope_bench (default --iters=50)
+set -uo pipefail
+out=${OUT:-out}
+mkdir -p "$out"
+stages=${STAGES:-"build test memcheck racecheck bench"}
+build=build-gpu
+summary=()
+has() { [[ " $stages " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+
+if has build; then
+  cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DKVROPE_BUILD_BENCH=ON \
+    > "$out/configure.log" 2>&1 && cmake --build $build -j "$(nproc)" > "$out/build.log" 2>&1
+  summary+=("build: rc $?")
+fi
+if has test; then
+  ctest --test-dir $build --output-on-failure -E consumer > "$out/ctest.log" 2>&1
+  summary+=("ctest: rc $? ($(grep -E 'tests passed' "$out/ctest.log"))")
+  KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} $build/tests/gpu/gpu_random > "$out/random.log" 2>&1
+  summary+=("random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$out/random.log" | head -n 1))")
+fi
+for tool in memcheck racecheck initcheck synccheck; do
+  has $tool || continue
+  for bin in $build/tests/gpu/gpu_*; do
+    compute-sanitizer --tool $tool --error-exitcode 1 "$bin" > "$out/$tool-$(basename "$bin").log" 2>&1
+    summary+=("$tool $(basename "$bin"): rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool-$(basename "$bin").log" | tail -n 1))")
+  done
+done
+if has bench; then
+  $build/bench/kvrope_bench ${BENCH_ARGS:---iters=50} --kvrope_json="$out/bench.json" > "$out/bench.log" 2>&1
+  summary+=("bench: rc $?")
+  grep -E "geomean" "$out/bench.log"
+fi
+printf '%s\n' "${summary[@]}"
