@@ -66,6 +66,13 @@ std::array<Layout, 4> common_outputs(const BackwardCommon<T, Pos>& p) {
                        p.grad_sin.data ? p.batch : 0, p.seq_len, p.head_dim)};
 }
 
+// A [B, H, S_max, D] cache (or cache gradient) of the call.
+template <typename T, typename Pos, typename V>
+Layout cache_layout(const BackwardCommon<T, Pos>& p, const char* name, const char* const (&strides)[3],
+                    const HeadRows<V>& view) {
+  return head_layout(name, strides, view, p.batch, p.heads, p.cache_len, p.head_dim);
+}
+
 template <typename T, size_t N, size_t M>
 std::array<T, N + M> concat(const std::array<T, N>& a, const std::array<T, M>& b) {
   std::array<T, N + M> out;
@@ -232,15 +239,13 @@ Status validate(const BackwardParams<T, Pos>& p) {
   using namespace detail;
   if (Status s = check_common_sizes(p); !s) return s;
   const std::array<Layout, 2> caches{
-      head_layout("grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache, p.batch, p.heads,
-                  p.cache_len, p.head_dim),
-      head_layout("grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache, p.batch,
-                  p.heads, p.cache_len, p.head_dim)};
+      cache_layout(p, "grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache),
+      cache_layout(p, "grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache)};
   const std::array<Layout, 2> cache_grads{
-      head_layout("grad_key_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache_input), p.grad_key_cache_input,
-                  p.batch, p.heads, p.cache_len, p.head_dim),
-      head_layout("grad_value_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache_input),
-                  p.grad_value_cache_input, p.batch, p.heads, p.cache_len, p.head_dim)};
+      cache_layout(p, "grad_key_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache_input),
+                   p.grad_key_cache_input),
+      cache_layout(p, "grad_value_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache_input),
+                   p.grad_value_cache_input)};
   return check_tensors(concat(caches, common_inputs(p)), concat(common_outputs(p), cache_grads));
 }
 
@@ -251,10 +256,8 @@ Status validate(const BackwardInPlaceParams<T, Pos>& p) {
   using namespace detail;
   if (Status s = check_common_sizes(p); !s) return s;
   const std::array<Layout, 2> caches{
-      head_layout("grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache, p.batch, p.heads,
-                  p.cache_len, p.head_dim),
-      head_layout("grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache, p.batch,
-                  p.heads, p.cache_len, p.head_dim)};
+      cache_layout(p, "grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache),
+      cache_layout(p, "grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache)};
   return check_tensors(common_inputs(p), concat(common_outputs(p), caches));
 }
 
