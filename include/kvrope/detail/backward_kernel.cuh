@@ -32,7 +32,16 @@ struct BackwardArgs {
   FastDivmod div_heads;
 };
 
-inline constexpr int kCopyUnroll = 8;
+// Tuning knobs for experiments (docs/perf-notes.md): 16-byte copies in flight per thread, and the
+// unroll of the head loop of the token work. Override with -DKVROPE_COPY_UNROLL=N etc.
+#ifndef KVROPE_COPY_UNROLL
+#define KVROPE_COPY_UNROLL 8
+#endif
+#ifndef KVROPE_TOKEN_UNROLL
+#define KVROPE_TOKEN_UNROLL 2
+#endif
+inline constexpr int kCopyUnroll = KVROPE_COPY_UNROLL;
+inline constexpr int kTokenUnroll = KVROPE_TOKEN_UNROLL;
 
 // Elements per access of the token work: at most 4 (8 bytes of bf16/fp16, 16 of fp32), so that a
 // lane's chunk pair, its table values and its two head-sum accumulators fit in registers.
@@ -112,7 +121,7 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const Wa
       // The tables stay in T across the head loop and widen at each use: half the registers.
       const RawChunk<T, kVec> cs = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, t), w.half, i0);
       const RawChunk<T, kVec> sn = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, t), w.half, i0);
-#pragma unroll 2
+#pragma unroll kTokenUnroll
       for (int64_t j = slot; j < a.heads; j += w.slots) {
         RawChunk<T, kVec> g{V::zeros(), V::zeros()}, v{V::zeros(), V::zeros()}, k{V::zeros(), V::zeros()};
         if (valid) {
