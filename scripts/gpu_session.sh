@@ -5,6 +5,9 @@
 #   STAGES   which stages to run (default "build test memcheck racecheck bench")
 #   RANDOM_CONFIGS  configurations of the long randomized test (default 2000)
 #   BENCH_ARGS      extra arguments of kvrope_bench (default --iters=50)
+#   SANITIZE_ARGS   Catch2 arguments of the binaries run under compute-sanitizer (default: none, the
+#                   whole binary; racecheck over the whole matrix takes many minutes)
+#   SANITIZE_TIMEOUT seconds per sanitizer run (default 240)
 set -uo pipefail
 out=${OUT:-out}
 mkdir -p "$out"
@@ -29,7 +32,8 @@ fi
 for tool in memcheck racecheck initcheck synccheck; do
   has $tool || continue
   for bin in $build/tests/gpu/gpu_*; do
-    compute-sanitizer --tool $tool --error-exitcode 1 "$bin" > "$out/$tool-$(basename "$bin").log" 2>&1
+    timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 1 "$bin" ${SANITIZE_ARGS:-} \
+      > "$out/$tool-$(basename "$bin").log" 2>&1
     summary+=("$tool $(basename "$bin"): rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool-$(basename "$bin").log" | tail -n 1))")
   done
 done
