@@ -39,13 +39,19 @@ __device__ inline int64_t row_of(const Pos* positions, int64_t t, int64_t cache_
   return (r >= 0 && r < cache_len) ? r : -1;
 }
 
+// Reports positions outside [-S_max, S_max) (the indexing step's bounds check).
+template <typename Pos>
+__global__ void check_positions(const Pos* positions, int64_t seq_len, int64_t cache_len, int* error_flag) {
+  for (int64_t t = grid_begin(); t < seq_len; t += grid_stride())
+    if (row_of(positions, t, cache_len) < 0) atomicOr(error_flag, kErrorPositionOutOfRange);
+}
+
 // gk_sel = gK[:, :, p] (fp32 temporary); grad_value_states = gV[:, :, p].
 template <typename T, typename Pos>
 __global__ void gather(BackwardParams<T, Pos> p, float* gk_sel, int64_t n) {
   for (int64_t i = grid_begin(); i < n; i += grid_stride()) {
     const Index4 x = unflatten(i, p.heads, p.seq_len, p.head_dim);
     const int64_t r = row_of(p.cache_position, x.s, p.cache_len);
-    if (r < 0 && p.error_flag) atomicOr(p.error_flag, kErrorPositionOutOfRange);
     gk_sel[i] = r < 0 ? 0.0f : to_float(p.grad_key_cache.row(x.b, x.j, r)[x.d]);
     p.grad_value_states.row(x.b, x.j, x.s)[x.d] = r < 0 ? from_float<T>(0.0f) : p.grad_value_cache.row(x.b, x.j, r)[x.d];
   }
@@ -142,7 +148,7 @@ size_t naive_backward_workspace_bytes(const BackwardParams<T, Pos>& p) {
   return 4 * sizeof(float) * static_cast<size_t>(p.batch * p.heads * p.seq_len * p.head_dim);
 }
 
-//! The out-of-place backward, step by step (about ten launches). Temporaries are fp32, so the
+//! The out-of-place backward, step by step (14 launches at most). Temporaries are fp32, so the
 //! results meet the same tolerance as the fused kernel (PyTorch eager would round them to T).
 template <typename T, typename Pos>
 Status naive_backward(const BackwardParams<T, Pos>& p, void* workspace, size_t workspace_bytes,
@@ -158,6 +164,8 @@ Status naive_backward(const BackwardParams<T, Pos>& p, void* workspace, size_t w
   float* t3 = t2 + n_tok;
   using namespace naive;
   constexpr int kThreads = 256;
+  if (p.batch > 0 && p.seq_len > 0 && p.error_flag)
+    check_positions<<<blocks_for(p.seq_len), kThreads, 0, stream>>>(p.cache_position, S, L, p.error_flag);
   if (n_tok > 0) {
     gather<<<blocks_for(n_tok), kThreads, 0, stream>>>(p, gk_sel, n_tok);
     mul_table<<<blocks_for(n_tok), kThreads, 0, stream>>>(gk_sel, p.cos, t1, H, S, D, n_tok);
