@@ -2,16 +2,19 @@
 # One device call that builds, tests, sanitizes and benchmarks (see ../shared/device/README.md).
 # Run on the GPU machine from the repository root after `source .deps/gpu-env.sh`; writes logs to
 # $OUT (or ./out) and prints a short table last.
-#   STAGES   which stages to run (default "build test memcheck racecheck bench")
+#   STAGES   which stages to run (unset: "build test memcheck racecheck bench"; empty: none)
 #   RANDOM_CONFIGS  configurations of the long randomized test (default 2000)
 #   BENCH_ARGS      extra arguments of kvrope_bench (default --iters=50)
 #   SANITIZE_ARGS   Catch2 arguments of the binaries run under compute-sanitizer (default: none, the
 #                   whole binary; racecheck over the whole matrix takes many minutes)
 #   SANITIZE_TIMEOUT seconds per sanitizer run (default 240)
+#   EXPERIMENTS     space-separated NAME:FLAGS pairs (FLAGS comma-separated -D defines), each built
+#                   into build-exp-NAME and benchmarked (fused and in-place, checked), for example
+#                   "serial:-DKVROPE_SERIAL_ROLES=1 unroll12:-DKVROPE_COPY_UNROLL=12"
 set -uo pipefail
 out=${OUT:-out}
 mkdir -p "$out"
-stages=${STAGES:-"build test memcheck racecheck bench"}
+stages=${STAGES-"build test memcheck racecheck bench"}
 build=build-gpu
 summary=()
 has() { [[ " $stages " == *" $1 "* ]]; }
@@ -42,4 +45,17 @@ if has bench; then
   summary+=("bench: rc $?")
   grep -E "geomean" "$out/bench.log"
 fi
+for experiment in ${EXPERIMENTS:-}; do
+  name=${experiment%%:*}
+  flags=${experiment#*:}
+  dir=build-exp-$name
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DKVROPE_BUILD_TESTS=OFF \
+    -DKVROPE_BUILD_EXAMPLES=OFF -DKVROPE_BUILD_BENCH=ON "-DCMAKE_CUDA_FLAGS=${flags//,/ }" > "$out/configure-$name.log" 2>&1 &&
+    cmake --build "$dir" -j "$(nproc)" --target kvrope_bench > "$out/build-$name.log" 2>&1 &&
+    "$dir/bench/kvrope_bench" --variants=fused,inplace --iters=30 ${BENCH_EXP_ARGS:-} \
+      --kvrope_json="$out/bench-$name.json" > "$out/bench-$name.log" 2>&1
+  summary+=("experiment $name ($flags): rc $?")
+  echo "experiment $name"
+  grep -E "^(fused|inplace).*geomean" "$out/bench-$name.log"
+done
 printf '%s\n' "${summary[@]}"

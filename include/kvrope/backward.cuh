@@ -208,6 +208,11 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   } else if (copy_elems == 0) {
     plan.token_warps = static_cast<int>(warps);
     plan.grid = static_cast<int>(std::clamp<int64_t>(token_blocks_max, 1, grid_max));
+  } else if (kSerialRoles) {
+    plan.token_warps = 0;  // every warp does token work first (experiment, see backward_kernel.cuh)
+    const int64_t copy_blocks = (copy_elems / plan.vec_width + int64_t{plan.block} * kCopyUnroll - 1) /
+                                (int64_t{plan.block} * kCopyUnroll);
+    plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(copy_blocks, token_blocks_max), 1, grid_max));
   } else {
     // Split each block's warps between the roles in proportion to the bytes each moves.
     const double token_bytes = double(tokens) * double(a.head_dim) * (5.0 * double(a.heads) + 4.0);

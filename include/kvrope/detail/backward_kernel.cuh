@@ -40,6 +40,12 @@ struct BackwardArgs {
 #ifndef KVROPE_TOKEN_UNROLL
 #define KVROPE_TOKEN_UNROLL 2
 #endif
+// Experiment (docs/perf-notes.md): 1 = every warp does its token work and then copies (the order of
+// kernel v0) instead of each warp having one role. Compile-time, so the default build is unchanged.
+#ifndef KVROPE_SERIAL_ROLES
+#define KVROPE_SERIAL_ROLES 0
+#endif
+inline constexpr bool kSerialRoles = KVROPE_SERIAL_ROLES != 0;
 inline constexpr int kCopyUnroll = KVROPE_COPY_UNROLL;
 inline constexpr int kTokenUnroll = KVROPE_TOKEN_UNROLL;
 
@@ -312,7 +318,10 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     return;
   }
 
-  if (warp_in_block < a.token_warps) {
+  if constexpr (kSerialRoles) {
+    token_work(a, layout, int64_t{blockIdx.x} * warps_per_block + warp_in_block, int64_t{gridDim.x} * warps_per_block,
+               false, false);
+  } else if (warp_in_block < a.token_warps) {
     token_work(a, layout, int64_t{blockIdx.x} * a.token_warps + warp_in_block, int64_t{gridDim.x} * a.token_warps,
                false, false);
     return;
