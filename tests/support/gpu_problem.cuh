@@ -57,23 +57,36 @@ class DeviceBuffer {
   size_t count_ = 0;
 };
 
-// Standard normal numbers from a counter hash (fast for the large cases), never exactly zero.
+// Standard normal numbers from a counter hash (element i depends only on the seed and i), never
+// exactly zero in T.
 template <typename T>
-__global__ void fill_normal(T* out, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    uint64_t x = seed ^ (i * 0x9E3779B97F4A7C15ull);
-    x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 27; x *= 0x94D049BB133111EBull; x ^= x >> 33;
-    const float u1 = (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
-    const float u2 = static_cast<float>((x >> 16) & 0xFFFFFF) * (1.0f / 16777216.0f);
-    float z = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-    if (to_float(from_float<T>(z)) == 0.0f) z = 0.5f;
-    out[i] = from_float<T>(z);
-  }
+__host__ __device__ inline T normal_at(uint64_t seed, size_t i) {
+  uint64_t x = seed ^ (i * 0x9E3779B97F4A7C15ull);
+  x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 27; x *= 0x94D049BB133111EBull; x ^= x >> 33;
+  const float u1 = (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
+  const float u2 = static_cast<float>((x >> 16) & 0xFFFFFF) * (1.0f / 16777216.0f);
+  float z = sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2);
+  if (to_float(from_float<T>(z)) == 0.0f) z = 0.5f;
+  return from_float<T>(z);
 }
 
 template <typename T>
+__global__ void fill_normal(T* out, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    out[i] = normal_at<T>(seed, i);
+}
+
+//! Fills a buffer with random normal numbers: on the host for small buffers (one copy instead of a
+//! launch, which keeps the GPU tests quick under compute-sanitizer), on the device for large ones.
+template <typename T>
 void fill_random(DeviceBuffer<T>& buf, uint64_t seed) {
   if (buf.size() == 0) return;
+  if (buf.size() <= (size_t{1} << 20)) {
+    std::vector<T> host(buf.size());
+    for (size_t i = 0; i < host.size(); ++i) host[i] = normal_at<T>(seed, i);
+    KVROPE_CUDA_REQUIRE(cudaMemcpy(buf.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return;
+  }
   fill_normal<<<1024, 256>>>(buf.get(), buf.size(), seed);
   KVROPE_CUDA_REQUIRE(cudaGetLastError());
 }
