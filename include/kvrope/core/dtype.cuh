@@ -29,12 +29,4 @@ __host__ __device__ inline T from_float(float x) {
   }
 }
 
-//! A short name of T for messages: "bf16", "fp16", "fp32".
-template <typename T>
-constexpr const char* dtype_name() {
-  if constexpr (std::is_same_v<T, __half>) return "fp16";
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return "bf16";
-  else return "fp32";
-}
-
 }  // namespace kvrope

@@ -108,13 +108,6 @@ struct BackwardOutputs {
   TokenRows<const T> grad_cos, grad_sin;
 };
 
-//! The output views of out-of-place params (pointing wherever the params point).
-template <typename T, typename Pos>
-BackwardOutputs<T> outputs_of(const BackwardParams<T, Pos>& p) {
-  return {p.grad_key_states, p.grad_value_states, p.grad_key_cache_input, p.grad_value_cache_input,
-          p.grad_cos, p.grad_sin};
-}
-
 //! Dense float64 results of the reference, for small problems.
 struct BackwardGold {
   std::vector<Gold> grad_key_states, grad_cos, grad_sin;  // [B, H, S, D], [B, S, D], [B, S, D]
