@@ -524,11 +524,7 @@ class GpuClock {
   // call(stream) is what gets timed. Returns activities == 0 when the call recorded no GPU work.
   template <typename Prepare, typename Call>
   Sample time(Prepare&& prepare, Call&& call) {
-    prepare(stream_);
-    const int64_t n = static_cast<int64_t>(flush_.bytes() / sizeof(uint4));
-    harness_l2_flush_kernel<<<fill_blocks(), 256, 0, stream_>>>(flush_.as<uint4>(), n, ++salt_);
-    KVROPE_BENCH_CUDA(cudaGetLastError());
-    KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
+    prepare_and_flush(prepare);
 
     // Drain the records of everything before the call (the flush, the restore of in-place inputs,
     // anything earlier). The flush kernel is the last of them, so the end of its record is a fence:
@@ -553,10 +549,7 @@ class GpuClock {
       KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
     }
 
-    KVROPE_BENCH_CUDA(cudaEventRecord(start_, stream_));
-    call(stream_);
-    KVROPE_BENCH_CUDA(cudaEventRecord(stop_, stream_));
-    KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
+    const double event_us = event_timed(call);
 
     Sample sample;
     uint64_t first = UINT64_MAX, last = 0;
@@ -568,9 +561,7 @@ class GpuClock {
         ++sample.activities;
       }
     }
-    float event_ms = 0;
-    KVROPE_BENCH_CUDA(cudaEventElapsedTime(&event_ms, start_, stop_));
-    sample.event_us = 1e3 * static_cast<double>(event_ms);
+    sample.event_us = event_us;
     sample.cupti_us = sample.activities > 0 && last >= first ? 1e-3 * static_cast<double>(last - first) : 0.0;
     return sample;
   }
@@ -584,11 +575,24 @@ class GpuClock {
   // time around the call, in us, launch overhead included.
   template <typename Prepare, typename Call>
   double time_events(Prepare&& prepare, Call&& call) {
+    prepare_and_flush(prepare);
+    return event_timed(call);
+  }
+
+ private:
+  // prepare(stream), then the L2 flush (a 2 x L2 write), then a device synchronization.
+  template <typename Prepare>
+  void prepare_and_flush(Prepare&& prepare) {
     prepare(stream_);
     const int64_t n = static_cast<int64_t>(flush_.bytes() / sizeof(uint4));
     harness_l2_flush_kernel<<<fill_blocks(), 256, 0, stream_>>>(flush_.as<uint4>(), n, ++salt_);
     KVROPE_BENCH_CUDA(cudaGetLastError());
     KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
+  }
+
+  // call(stream) between two CUDA events, synchronized; returns the event time in us.
+  template <typename Call>
+  double event_timed(Call&& call) {
     KVROPE_BENCH_CUDA(cudaEventRecord(start_, stream_));
     call(stream_);
     KVROPE_BENCH_CUDA(cudaEventRecord(stop_, stream_));
@@ -598,7 +602,6 @@ class GpuClock {
     return 1e3 * static_cast<double>(event_ms);
   }
 
- private:
   cudaStream_t stream_;
   DeviceBuffer flush_;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
