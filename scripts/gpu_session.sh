@@ -2,19 +2,19 @@
 # One device call that builds, tests, sanitizes and benchmarks (see ../shared/device/README.md).
 # Run on the GPU machine from the repository root after `source .deps/gpu-env.sh`; writes logs to
 # $OUT (or ./out) and prints a short table last.
-#   STAGES   which stages to run (unset: "build test memcheck racecheck bench"; empty: none)
+#   STAGES   which stages to run (unset: "build test racecheck memcheck initcheck synccheck bench"; empty: none)
 #   RANDOM_CONFIGS  configurations of the long randomized test (default 2000)
 #   BENCH_ARGS      extra arguments of kvrope_bench (default --iters=50)
-#   SANITIZE_ARGS   Catch2 arguments of the binaries run under compute-sanitizer (default: none, the
-#                   whole binary; racecheck over the whole matrix takes many minutes)
-#   SANITIZE_TIMEOUT seconds per sanitizer run (default 240)
+#   SANITIZE_TIMEOUT seconds per sanitizer process (default 500); JOBS processes run at once (12):
+#                   one per (tool, test case) of every GPU binary, see scripts/sanitize_all.sh;
+#                   SANITIZE_DEADLINE caps it at that many seconds after this script started
 #   EXPERIMENTS     space-separated NAME:FLAGS pairs (FLAGS comma-separated -D defines), each built
 #                   into build-exp-NAME and benchmarked (fused and in-place, checked), for example
 #                   "serial:-DKVROPE_SERIAL_ROLES=1 unroll12:-DKVROPE_COPY_UNROLL=12"
 set -uo pipefail
 out=${OUT:-out}
 mkdir -p "$out"
-stages=${STAGES-"build test memcheck racecheck bench"}
+stages=${STAGES-"build test racecheck memcheck initcheck synccheck bench"}
 build=build-gpu
 summary=()
 has() { [[ " $stages " == *" $1 "* ]]; }
@@ -32,14 +32,18 @@ if has test; then
   KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} $build/tests/gpu/gpu_random > "$out/random.log" 2>&1
   summary+=("random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$out/random.log" | head -n 1))")
 fi
-for tool in memcheck racecheck initcheck synccheck; do
-  has $tool || continue
-  for bin in $build/tests/gpu/gpu_*; do
-    timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 1 "$bin" ${SANITIZE_ARGS:-} \
-      > "$out/$tool-$(basename "$bin").log" 2>&1
-    summary+=("$tool $(basename "$bin"): rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool-$(basename "$bin").log" | tail -n 1))")
-  done
-done
+tools=""
+for tool in racecheck memcheck initcheck synccheck; do has $tool && tools+=" $tool"; done
+if [[ -n $tools ]]; then
+  # One compute-sanitizer process per (tool, test case), JOBS at a time (scripts/sanitize_all.sh).
+  # SANITIZE_DEADLINE: seconds since this script started by which every sanitizer must have ended.
+  timeout_s=${SANITIZE_TIMEOUT:-500}
+  if [[ -n ${SANITIZE_DEADLINE:-} ]] && (( SANITIZE_DEADLINE - SECONDS < timeout_s )); then
+    timeout_s=$((SANITIZE_DEADLINE - SECONDS))
+  fi
+  SANITIZE_TIMEOUT=$timeout_s scripts/sanitize_all.sh $build "$out/sanitize" "$tools" > "$out/sanitize.log" 2>&1
+  summary+=("sanitizers ($tools): rc $? ($(tail -n 1 "$out/sanitize.log"))")
+fi
 if has bench; then
   $build/bench/kvrope_bench ${BENCH_ARGS:---iters=50} --kvrope_json="$out/bench.json" > "$out/bench.log" 2>&1
   summary+=("bench: rc $?")
