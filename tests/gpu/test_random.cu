@@ -4,6 +4,7 @@
 //
 //   KVROPE_RANDOM_CONFIGS  configurations per run (default 300; the long run uses 2000 or more)
 //   KVROPE_RANDOM_SEED     seed of the run (default 20261129)
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 
@@ -76,6 +77,8 @@ void run_one(const Draw& d) {
 TEST_CASE("random configurations match the float64 reference", "[gpu][random]") {
   const int64_t configs = env_int("KVROPE_RANDOM_CONFIGS", 300);
   const uint64_t seed = static_cast<uint64_t>(env_int("KVROPE_RANDOM_SEED", 20261129));
+  std::printf("random configurations: %lld, seed %llu (KVROPE_RANDOM_CONFIGS, KVROPE_RANDOM_SEED)\n",
+              static_cast<long long>(configs), static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   for (int64_t i = 0; i < configs; ++i) {
     const Draw d = draw(rng, seed * 1000003u + static_cast<uint64_t>(i));
