@@ -2,7 +2,7 @@
 # One device call that builds, tests, sanitizes and benchmarks (see ../shared/device/README.md).
 # Run on the GPU machine from the repository root after `source .deps/gpu-env.sh`; writes logs to
 # $OUT (or ./out) and prints a short table last.
-#   STAGES   which stages to run (unset: "build test racecheck memcheck initcheck synccheck bench"; empty: none)
+#   STAGES   which stages to run (unset: "build test bench racecheck memcheck initcheck synccheck"; bench runs before the sanitizers; empty: none)
 #   RANDOM_CONFIGS  configurations of the long randomized test (default 2000)
 #   BENCH_ARGS      extra arguments of kvrope_bench (default --iters=50)
 #   SANITIZE_TIMEOUT seconds per sanitizer process (default 500); JOBS processes run at once (12):
@@ -10,11 +10,11 @@
 #                   SANITIZE_DEADLINE caps it at that many seconds after this script started
 #   EXPERIMENTS     space-separated NAME:FLAGS pairs (FLAGS comma-separated -D defines), each built
 #                   into build-exp-NAME and benchmarked (fused and in-place, checked), for example
-#                   "serial:-DKVROPE_SERIAL_ROLES=1 unroll12:-DKVROPE_COPY_UNROLL=12"
+#                   "unroll4:-DKVROPE_COPY_UNROLL=4"
 set -uo pipefail
 out=${OUT:-out}
 mkdir -p "$out"
-stages=${STAGES-"build test racecheck memcheck initcheck synccheck bench"}
+stages=${STAGES-"build test bench racecheck memcheck initcheck synccheck"}
 build=build-gpu
 summary=()
 has() { [[ " $stages " == *" $1 "* ]]; }
@@ -32,6 +32,11 @@ if has test; then
   KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} $build/tests/gpu/gpu_random > "$out/random.log" 2>&1
   summary+=("random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$out/random.log" | head -n 1))")
 fi
+if has bench; then
+  $build/bench/kvrope_bench ${BENCH_ARGS:---iters=50} --kvrope_json="$out/bench.json" > "$out/bench.log" 2>&1
+  summary+=("bench: rc $?")
+  grep -E "geomean" "$out/bench.log"
+fi
 tools=""
 for tool in racecheck memcheck initcheck synccheck; do has $tool && tools+=" $tool"; done
 if [[ -n $tools ]]; then
@@ -43,11 +48,6 @@ if [[ -n $tools ]]; then
   fi
   SANITIZE_TIMEOUT=$timeout_s scripts/sanitize_all.sh $build "$out/sanitize" "$tools" > "$out/sanitize.log" 2>&1
   summary+=("sanitizers ($tools): rc $? ($(tail -n 1 "$out/sanitize.log"))")
-fi
-if has bench; then
-  $build/bench/kvrope_bench ${BENCH_ARGS:---iters=50} --kvrope_json="$out/bench.json" > "$out/bench.log" 2>&1
-  summary+=("bench: rc $?")
-  grep -E "geomean" "$out/bench.log"
 fi
 for experiment in ${EXPERIMENTS:-}; do
   name=${experiment%%:*}

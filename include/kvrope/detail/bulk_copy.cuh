@@ -1,0 +1,189 @@
+// The out-of-place cache copy through shared memory with the bulk-copy engine (cp.async.bulk, sm_90
+// and later): one warp per block keeps kBulkStages chunks of cache rows in flight, with no register
+// holding data, so the other warps of the block keep all their registers for the token work.
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+#include "backward_args.cuh"
+
+namespace kvrope::detail {
+
+// Experiment knobs (docs/perf-notes.md): -DKVROPE_BULK_STAGES=N, -DKVROPE_BULK_STAGE_BYTES=N.
+#ifndef KVROPE_BULK_STAGES
+#define KVROPE_BULK_STAGES 8
+#endif
+#ifndef KVROPE_BULK_STAGE_BYTES
+#define KVROPE_BULK_STAGE_BYTES 16384
+#endif
+inline constexpr int kBulkStages = KVROPE_BULK_STAGES;          // chunks in flight per copy warp
+inline constexpr int kBulkStageBytes = KVROPE_BULK_STAGE_BYTES;  // bytes of one chunk at most
+inline constexpr int kBulkAlign = 128;
+
+//! Offset of the stage ring in the kernel's dynamic shared memory, after the bitmask.
+__host__ __device__ inline constexpr int64_t bulk_ring_offset(int64_t mask_bytes) {
+  return (mask_bytes + kBulkAlign - 1) / kBulkAlign * kBulkAlign;
+}
+//! Bytes of the stage ring and its barriers.
+__host__ __device__ inline constexpr int64_t bulk_ring_bytes() { return int64_t{kBulkStages} * (kBulkStageBytes + 8); }
+
+//! A chunk: up to rows_per_chunk consecutive cache rows [r0, r0 + n) of one head of one cache.
+struct BulkChunk {
+  bool value;  // gv (else gk)
+  int64_t b, j, r0, n;
+};
+
+//! The cache rows [w0, w0 + wlen) one shared-memory bitmask covers.
+struct RowWindow {
+  int64_t w0, wlen;
+};
+
+template <typename T>
+__host__ __device__ __forceinline__ RowWindow row_window(const BackwardArgs<T>& a, int64_t win) {
+  const int64_t w0 = win * a.window_rows;
+  return {w0, a.cache_len - w0 < a.window_rows ? a.cache_len - w0 : a.window_rows};
+}
+
+//! The chunks of one bitmask window [w0, w0 + wlen): for every (cache, b, head), ceil(wlen / rows) chunks.
+struct BulkWindow {
+  int64_t w0, wlen, rows_per_chunk, per_slab, total, heads, batch;
+
+  __device__ __forceinline__ BulkChunk chunk(int64_t c) const {
+    const int64_t slab = c / per_slab;
+    const int64_t k = c - slab * per_slab;
+    const int64_t bh = slab % (batch * heads);
+    BulkChunk out;
+    out.value = slab >= batch * heads;
+    out.b = bh / heads;
+    out.j = bh - out.b * heads;
+    out.r0 = w0 + k * rows_per_chunk;
+    out.n = w0 + wlen - out.r0 < rows_per_chunk ? w0 + wlen - out.r0 : rows_per_chunk;
+    return out;
+  }
+};
+
+template <typename T>
+__host__ __device__ __forceinline__ BulkWindow bulk_window(const BackwardArgs<T>& a, const RowWindow& rows) {
+  const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
+  BulkWindow w{rows.w0, rows.wlen, kBulkStageBytes / row_bytes, 0, 0, a.heads, a.batch};
+  w.per_slab = (rows.wlen + w.rows_per_chunk - 1) / w.rows_per_chunk;
+  w.total = 2 * a.batch * a.heads * w.per_slab;
+  return w;
+}
+
+__device__ __forceinline__ bool row_marked(const uint32_t* mask, int64_t local) {
+  return (mask[local >> 5] >> (local & 31)) & 1u;
+}
+
+//! The ring of stages of the copy warp and the number of chunks it has gone through (the stage of
+//! chunk use n is n % kBulkStages, its barrier's phase parity (n / kBulkStages) & 1).
+struct BulkRing {
+  unsigned char* stages;
+  uint64_t* bars;
+  uint64_t uses;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KVROPE_HAS_BULK_COPY 1
+
+__device__ __forceinline__ void bulk_ring_init(const BulkRing& ring, int lane) {
+  if (lane == 0) {
+    for (int s = 0; s < kBulkStages; ++s) cuda::ptx::mbarrier_init(ring.bars + s, 1);
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncwarp();
+}
+
+// Starts loading chunk c into stage s. Rows marked in the mask are not loaded (the token work reads
+// them; their output is zeros, filled in at store time). Without the mask (speculative loads
+// issued before it is built) every row is loaded.
+template <typename T>
+__device__ __forceinline__ void bulk_load_chunk(const BackwardArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
+                                                const BulkChunk& c, unsigned char* stage, uint64_t* bar,
+                                                bool use_mask, int lane) {
+  const HeadRows<const T>& src = c.value ? a.gv : a.gk;
+  const uint32_t row_bytes = static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)});
+  uint32_t skipped = 0;
+  if (use_mask)
+    for (int64_t r = lane; r < c.n; r += 32) skipped += row_marked(mask, c.r0 - w.w0 + r);
+  skipped = __reduce_add_sync(0xffffffffu, skipped);
+  const uint32_t rows = static_cast<uint32_t>(c.n) - skipped;
+  if (lane == 0)
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
+                                         rows * row_bytes);
+  __syncwarp();
+  if (skipped == 0 && src.seq_stride == a.head_dim) {  // consecutive rows: one copy
+    if (lane == 0)
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, stage, src.row(c.b, c.j, c.r0),
+                               rows * row_bytes, bar);
+    return;
+  }
+  for (int64_t r = lane; r < c.n; r += 32)
+    if (!use_mask || !row_marked(mask, c.r0 - w.w0 + r))
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, stage + r * row_bytes,
+                               src.row(c.b, c.j, c.r0 + r), row_bytes, bar);
+}
+
+// Writes the loaded chunk to gk_out / gv_out, with zeros in the rows marked in the mask.
+template <typename T>
+__device__ __forceinline__ void bulk_store_chunk(const BackwardArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
+                                                 const BulkChunk& c, unsigned char* stage, int lane) {
+  const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
+  const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
+  for (int64_t r = 0; r < c.n; ++r) {  // uniform across the warp: the lanes share the zero fill of a row
+    if (!row_marked(mask, c.r0 - w.w0 + r)) continue;
+    uint4* row = reinterpret_cast<uint4*>(stage + r * row_bytes);
+    for (int64_t i = lane; i < row_bytes / 16; i += 32) row[i] = make_uint4(0, 0, 0, 0);
+  }
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // the zeros, before the bulk engine reads
+  __syncwarp();
+  if (dst.seq_stride == a.head_dim) {
+    if (lane == 0)
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0), stage,
+                               static_cast<uint32_t>(c.n * row_bytes));
+  } else {
+    for (int64_t r = lane; r < c.n; r += 32)
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0 + r),
+                               stage + r * row_bytes, static_cast<uint32_t>(row_bytes));
+  }
+  cuda::ptx::cp_async_bulk_commit_group();
+}
+
+//! The copy warp's share of one window: chunks first, first + step, ... of the window. The first
+//! `prefetched` of them were already issued (speculatively, before the mask was built).
+template <typename T>
+__device__ void bulk_copy_window(const BackwardArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
+                                 BulkRing& ring, int64_t first, int64_t step, int64_t prefetched, int lane) {
+  const int64_t mine = first < w.total ? (w.total - first + step - 1) / step : 0;
+  auto stage_of = [&](int64_t i) { return ring.stages + ((ring.uses + i) % kBulkStages) * kBulkStageBytes; };
+  auto bar_of = [&](int64_t i) { return ring.bars + (ring.uses + i) % kBulkStages; };
+  for (int64_t i = prefetched; i < mine && i < kBulkStages; ++i)
+    bulk_load_chunk(a, mask, w, w.chunk(first + i * step), stage_of(i), bar_of(i), true, lane);
+  for (int64_t i = 0; i < mine; ++i) {
+    const uint32_t parity = static_cast<uint32_t>((ring.uses + i) / kBulkStages) & 1u;
+    while (!cuda::ptx::mbarrier_try_wait_parity(bar_of(i), parity)) {
+    }
+    bulk_store_chunk(a, mask, w, w.chunk(first + i * step), stage_of(i), lane);
+    // Refill the stage of the previous chunk once its store has read it.
+    if (i >= 1 && i - 1 + kBulkStages < mine) {
+      cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+      __syncwarp();
+      const int64_t next = i - 1 + kBulkStages;
+      bulk_load_chunk(a, mask, w, w.chunk(first + next * step), stage_of(next), bar_of(next), true, lane);
+    }
+  }
+  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});  // the stages are free again
+  __syncwarp();
+  ring.uses += static_cast<uint64_t>(mine);
+}
+
+//! Before the copy warp exits: every bulk store complete.
+__device__ __forceinline__ void bulk_drain() { cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{}); }
+
+#else
+#define KVROPE_HAS_BULK_COPY 0
+#endif
+
+}  // namespace kvrope::detail
