@@ -199,7 +199,9 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
   plan.bulk_copy = vec && !a.in_place && copy_elems > 0 && major >= 9 && row_bytes <= kBulkStageBytes &&
                    plan.block >= 64;
-  plan.shared_bytes = static_cast<int>(plan.bulk_copy ? bulk_ring_offset(mask_bytes(a.window_rows)) + bulk_ring_bytes()
+  const int stages = std::clamp(tune.bulk_stages, 2, kMaxBulkStages);
+  const int slack = std::clamp(tune.bulk_store_slack, 1, std::min(stages - 1, kMaxBulkSlack));
+  plan.shared_bytes = static_cast<int>(plan.bulk_copy ? bulk_ring_offset(mask_bytes(a.window_rows)) + bulk_ring_bytes(stages)
                                                       : mask_bytes(a.window_rows));
   int resident = 0;
   if (Status s = resident_blocks(kernel, device, plan.block, plan.shared_bytes, &resident); !s) return s;
@@ -244,6 +246,8 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.token_warps = plan.token_warps;
   args.bulk = plan.bulk_copy;
   args.bulk_speculate = speculate;
+  args.bulk_stages = stages;
+  args.bulk_slack = slack;
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
 

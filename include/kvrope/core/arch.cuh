@@ -13,6 +13,11 @@ struct LaunchTuning {
   //! warps x token_bytes / (token_bytes + weight x copy_bytes) of its warps. (With the bulk copy,
   //! one warp per block copies and all others do token work.)
   double token_warp_weight = 0.6;
+  //! Out-of-place with the bulk copy (sm_90+): stages of 16 KiB in each block's shared-memory ring
+  //! (at most 12), and how many chunk stores may still be reading their stage when the copy warp
+  //! refills the oldest one (1 to stages - 1): stages - slack chunk loads stay in flight.
+  int bulk_stages = 12;
+  int bulk_store_slack = 4;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the
@@ -22,9 +27,9 @@ inline constexpr int kMaxBlockThreads = 384;
 
 //! Tuned launch parameters for a device of compute capability major.minor.
 inline LaunchTuning default_tuning(int cc_major, int /*cc_minor*/) {
-  if (cc_major >= 10) return LaunchTuning{384, 2, 0.6};  // Blackwell: derived, not measured (docs/perf-notes.md)
-  if (cc_major == 9) return LaunchTuning{384, 2, 0.6};   // Hopper: measured on an H200
-  return LaunchTuning{256, 4, 0.6};
+  if (cc_major >= 10) return LaunchTuning{384, 2, 0.6, 12, 4};  // Blackwell: derived, not measured (docs/perf-notes.md)
+  if (cc_major == 9) return LaunchTuning{384, 2, 0.6, 12, 4};   // Hopper: measured on an H200
+  return LaunchTuning{256, 4, 0.6, 12, 4};
 }
 
 }  // namespace kvrope

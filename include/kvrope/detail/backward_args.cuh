@@ -27,6 +27,8 @@ struct BackwardArgs {
   int token_warps;      // out-of-place: warps [0, token_warps) of each block do token work, the rest copy
   bool bulk;            // out-of-place: the copy is one warp per block driving the bulk-copy engine
   bool bulk_speculate;  // with bulk: each block loads its first chunk before the bitmask is built
+  int bulk_stages;      // with bulk: stages of the shared-memory ring
+  int bulk_slack;       // with bulk: chunk stores that may still read their stage when one is refilled
   FastDivmod div_seq;   // token index -> (b, t)
   FastDivmod div_heads;
 };

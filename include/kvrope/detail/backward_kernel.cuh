@@ -31,7 +31,7 @@ __host__ __device__ inline constexpr int64_t mask_bytes(int64_t window_rows) { r
 
 inline constexpr int64_t kMaxWindowRows = 65536;  // 8 KiB of bitmask
 //! The most dynamic shared memory a launch asks for: the largest bitmask and the bulk-copy ring.
-inline constexpr int64_t kMaxSharedBytes = bulk_ring_offset(mask_bytes(kMaxWindowRows)) + bulk_ring_bytes();
+inline constexpr int64_t kMaxSharedBytes = bulk_ring_offset(mask_bytes(kMaxWindowRows)) + bulk_ring_bytes(kMaxBulkStages);
 //! Bulk copy: blocks load their first chunk before the bitmask when the window has at most this many
 //! chunks per block.
 inline constexpr int64_t kSpeculateChunksPerBlock = 8;
@@ -326,8 +326,9 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   TokenCursor cursor{};
   if (token_warp) cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
 #if KVROPE_HAS_BULK_COPY
-  BulkRing ring{reinterpret_cast<unsigned char*>(mask) + bulk_ring_offset(mask_bytes(a.window_rows)), nullptr, 0};
-  ring.bars = reinterpret_cast<uint64_t*>(ring.stages + int64_t{kBulkStages} * kBulkStageBytes);
+  BulkRing ring{reinterpret_cast<unsigned char*>(mask) + bulk_ring_offset(mask_bytes(a.window_rows)), nullptr,
+                a.bulk_stages, a.bulk_slack, 0};
+  ring.bars = reinterpret_cast<uint64_t*>(ring.stages + int64_t{ring.count} * kBulkStageBytes);
   const bool bulk_warp = a.bulk && !token_warp;
   int64_t prefetched = 0;
   if (bulk_warp) {

@@ -1,5 +1,5 @@
 // The out-of-place cache copy through shared memory with the bulk-copy engine (cp.async.bulk, sm_90
-// and later): one warp per block keeps kBulkStages chunks of cache rows in flight, with no register
+// and later): one warp per block keeps a ring of chunks of cache rows in flight, with no register
 // holding data, so the other warps of the block keep all their registers for the token work.
 #pragma once
 
@@ -11,23 +11,24 @@
 
 namespace kvrope::detail {
 
-// Experiment knobs (docs/perf-notes.md): -DKVROPE_BULK_STAGES=N, -DKVROPE_BULK_STAGE_BYTES=N.
-#ifndef KVROPE_BULK_STAGES
-#define KVROPE_BULK_STAGES 8
-#endif
+// Experiment knob (docs/perf-notes.md): -DKVROPE_BULK_STAGE_BYTES=N. The number of stages and how
+// many stores may still be reading their stage are run-time launch parameters (LaunchTuning).
 #ifndef KVROPE_BULK_STAGE_BYTES
 #define KVROPE_BULK_STAGE_BYTES 16384
 #endif
-inline constexpr int kBulkStages = KVROPE_BULK_STAGES;          // chunks in flight per copy warp
 inline constexpr int kBulkStageBytes = KVROPE_BULK_STAGE_BYTES;  // bytes of one chunk at most
+inline constexpr int kMaxBulkStages = 12;                        // stages of the ring at most
+inline constexpr int kMaxBulkSlack = 8;                          // stores still reading their stage at most
 inline constexpr int kBulkAlign = 128;
 
 //! Offset of the stage ring in the kernel's dynamic shared memory, after the bitmask.
 __host__ __device__ inline constexpr int64_t bulk_ring_offset(int64_t mask_bytes) {
   return (mask_bytes + kBulkAlign - 1) / kBulkAlign * kBulkAlign;
 }
-//! Bytes of the stage ring and its barriers.
-__host__ __device__ inline constexpr int64_t bulk_ring_bytes() { return int64_t{kBulkStages} * (kBulkStageBytes + 8); }
+//! Bytes of a ring of `stages` stages and their barriers.
+__host__ __device__ inline constexpr int64_t bulk_ring_bytes(int stages) {
+  return int64_t{stages} * (kBulkStageBytes + 8);
+}
 
 //! A chunk: up to rows_per_chunk consecutive cache rows [r0, r0 + n) of one head of one cache.
 struct BulkChunk {
@@ -78,10 +79,12 @@ __device__ __forceinline__ bool row_marked(const uint32_t* mask, int64_t local) 
 }
 
 //! The ring of stages of the copy warp and the number of chunks it has gone through (the stage of
-//! chunk use n is n % kBulkStages, its barrier's phase parity (n / kBulkStages) & 1).
+//! chunk use n is n % count, its barrier's phase parity (n / count) & 1). `slack`: how many chunk
+//! stores may still be reading their stage when the oldest stage is refilled (1 <= slack < count).
 struct BulkRing {
   unsigned char* stages;
   uint64_t* bars;
+  int count, slack;
   uint64_t uses;
 };
 
@@ -90,7 +93,7 @@ struct BulkRing {
 
 __device__ __forceinline__ void bulk_ring_init(const BulkRing& ring, int lane) {
   if (lane == 0) {
-    for (int s = 0; s < kBulkStages; ++s) cuda::ptx::mbarrier_init(ring.bars + s, 1);
+    for (int s = 0; s < ring.count; ++s) cuda::ptx::mbarrier_init(ring.bars + s, 1);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
   __syncwarp();
@@ -132,12 +135,16 @@ __device__ __forceinline__ void bulk_store_chunk(const BackwardArgs<T>& a, const
                                                  const BulkChunk& c, unsigned char* stage, int lane) {
   const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
   const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
+  bool zeros = false;
   for (int64_t r = 0; r < c.n; ++r) {  // uniform across the warp: the lanes share the zero fill of a row
     if (!row_marked(mask, c.r0 - w.w0 + r)) continue;
+    zeros = true;
     uint4* row = reinterpret_cast<uint4*>(stage + r * row_bytes);
     for (int64_t i = lane; i < row_bytes / 16; i += 32) row[i] = make_uint4(0, 0, 0, 0);
   }
-  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // the zeros, before the bulk engine reads
+  // The zeros (generic proxy) before the bulk engine (async proxy) reads the stage. Only then: the
+  // fence may wait for the warp's other bulk operations in flight.
+  if (zeros) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
   __syncwarp();
   if (dst.seq_stride == a.head_dim) {
     if (lane == 0)
@@ -151,30 +158,46 @@ __device__ __forceinline__ void bulk_store_chunk(const BackwardArgs<T>& a, const
   cuda::ptx::cp_async_bulk_commit_group();
 }
 
+// Waits until at most `pending` of this thread's bulk stores are still reading shared memory.
+__device__ __forceinline__ void bulk_wait_reads(int pending) {
+  switch (pending) {  // the count is an immediate of the instruction
+    case 0: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{}); break;
+    case 1: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{}); break;
+    case 2: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<2>{}); break;
+    case 3: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<3>{}); break;
+    case 4: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<4>{}); break;
+    case 5: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<5>{}); break;
+    case 6: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<6>{}); break;
+    default: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<7>{}); break;
+  }
+}
+
 //! The copy warp's share of one window: chunks first, first + step, ... of the window. The first
 //! `prefetched` of them were already issued (speculatively, before the mask was built).
+//! At step i the warp waits for chunk i, stores it, and refills the stage of chunk i - slack + 1
+//! (whose store has read it by then, usually) with chunk i - slack + 1 + count: count - slack loads
+//! and slack stores in flight.
 template <typename T>
 __device__ void bulk_copy_window(const BackwardArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
                                  BulkRing& ring, int64_t first, int64_t step, int64_t prefetched, int lane) {
   const int64_t mine = first < w.total ? (w.total - first + step - 1) / step : 0;
-  auto stage_of = [&](int64_t i) { return ring.stages + ((ring.uses + i) % kBulkStages) * kBulkStageBytes; };
-  auto bar_of = [&](int64_t i) { return ring.bars + (ring.uses + i) % kBulkStages; };
-  for (int64_t i = prefetched; i < mine && i < kBulkStages; ++i)
+  auto stage_of = [&](int64_t i) { return ring.stages + ((ring.uses + i) % ring.count) * kBulkStageBytes; };
+  auto bar_of = [&](int64_t i) { return ring.bars + (ring.uses + i) % ring.count; };
+  for (int64_t i = prefetched; i < mine && i < ring.count; ++i)
     bulk_load_chunk(a, mask, w, w.chunk(first + i * step), stage_of(i), bar_of(i), true, lane);
   for (int64_t i = 0; i < mine; ++i) {
-    const uint32_t parity = static_cast<uint32_t>((ring.uses + i) / kBulkStages) & 1u;
+    const uint32_t parity = static_cast<uint32_t>((ring.uses + i) / ring.count) & 1u;
     while (!cuda::ptx::mbarrier_try_wait_parity(bar_of(i), parity)) {
     }
     bulk_store_chunk(a, mask, w, w.chunk(first + i * step), stage_of(i), lane);
-    // Refill the stage of the previous chunk once its store has read it.
-    if (i >= 1 && i - 1 + kBulkStages < mine) {
-      cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+    const int64_t old = i - ring.slack + 1;
+    if (old >= 0 && old + ring.count < mine) {
+      bulk_wait_reads(ring.slack - 1);
       __syncwarp();
-      const int64_t next = i - 1 + kBulkStages;
-      bulk_load_chunk(a, mask, w, w.chunk(first + next * step), stage_of(next), bar_of(next), true, lane);
+      bulk_load_chunk(a, mask, w, w.chunk(first + (old + ring.count) * step), stage_of(old), bar_of(old), true, lane);
     }
   }
-  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});  // the stages are free again
+  bulk_wait_reads(0);  // the stages are free again
   __syncwarp();
   ring.uses += static_cast<uint64_t>(mine);
 }

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call for a performance round (docs/perf-notes.md): builds the bench and the basic
+# example only, profiles the example's launch with Nsight Compute (warp stall reasons), runs the
+# bench (fused and in-place, checked) at the default tuning, then SWEEP: space-separated
+# "stages:slack" pairs of the bulk-copy ring on the cases of SWEEP_CASES (unchecked).
+# Run from the repository root on the GPU machine after `source .deps/gpu-env.sh`; logs in $OUT.
+set -uo pipefail
+out=${OUT:-out}
+mkdir -p "$out"
+build=build-gpu
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DKVROPE_BUILD_BENCH=ON \
+  > "$out/configure.log" 2>&1 &&
+  cmake --build $build -j "$(nproc)" --target kvrope_bench kvrope_example_backward_basic > "$out/build.log" 2>&1 ||
+  { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
+echo "build done at ${SECONDS}s"
+if [[ -n ${NCU:-1} ]]; then
+  timeout 120 ncu --clock-control none --cache-control all -k regex:backward_kernel -c 1 \
+    --section WarpStateStats --section LaunchStats --section SpeedOfLight $build/examples/backward_basic \
+    > "$out/ncu.log" 2>&1
+  grep -E "Duration|Stall|stall|Warp Cycles|Registers|Shared Memory|Block Size|Grid Size|Issued" "$out/ncu.log" | head -40
+fi
+$build/bench/kvrope_bench --variants=fused,inplace --iters=${ITERS:-30} ${BENCH_ARGS:-} --kvrope_json="$out/bench.json" \
+  > "$out/bench.log" 2>&1
+echo "bench rc $? at ${SECONDS}s"
+sed -n '/kvrope_bench summary/,$p' "$out/bench.log"
+for pair in ${SWEEP:-}; do
+  st=${pair%%:*}
+  sl=${pair#*:}
+  $build/bench/kvrope_bench --variants=fused --no_check --iters=20 --cases=${SWEEP_CASES:-1,8,10,12,15} \
+    --bulk_stages=$st --bulk_slack=$sl --kvrope_json="$out/sweep-$st-$sl.json" > "$out/sweep-$st-$sl.log" 2>&1
+  echo "sweep stages $st slack $sl (rc $?, ${SECONDS}s):"
+  sed -n '/kvrope_bench summary/,/geometric/p' "$out/sweep-$st-$sl.log" | grep -E "^ +[0-9]+ " | awk '{print "  case", $1, "fused", $7}'
+done
