@@ -197,7 +197,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const LaunchTuning tune = tuning ? *tuning : default_tuning(major, minor);
   plan.block = std::clamp(tune.block_threads / 32 * 32, 32, kMaxBlockThreads);
   const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
-  plan.bulk_copy = vec && !a.in_place && copy_elems > 0 && major >= 9 && row_bytes <= kBulkStageBytes &&
+  plan.bulk_copy = tune.bulk_copy && vec && !a.in_place && copy_elems > 0 && major >= 9 && row_bytes <= kBulkStageBytes &&
                    plan.block >= 64;
   const int stages = std::clamp(tune.bulk_stages, 2, kMaxBulkStages);
   const int slack = std::clamp(tune.bulk_store_slack, 1, std::min(stages - 1, kMaxBulkSlack));

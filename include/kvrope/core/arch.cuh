@@ -18,6 +18,9 @@ struct LaunchTuning {
   //! refills the oldest one (1 to stages - 1): stages - slack chunk loads stay in flight.
   int bulk_stages = 12;
   int bulk_store_slack = 4;
+  //! Out-of-place: copy the caches with the bulk-copy engine where it can (sm_90+, 16-byte aligned
+  //! rows); false: copy warps move them through registers, split by token_warp_weight.
+  bool bulk_copy = true;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the
@@ -27,9 +30,9 @@ inline constexpr int kMaxBlockThreads = 384;
 
 //! Tuned launch parameters for a device of compute capability major.minor.
 inline LaunchTuning default_tuning(int cc_major, int /*cc_minor*/) {
-  if (cc_major >= 10) return LaunchTuning{384, 2, 0.6, 12, 4};  // Blackwell: derived, not measured (docs/perf-notes.md)
-  if (cc_major == 9) return LaunchTuning{384, 2, 0.6, 12, 4};   // Hopper: measured on an H200
-  return LaunchTuning{256, 4, 0.6, 12, 4};
+  if (cc_major >= 10) return LaunchTuning{384, 2, 0.6, 12, 4, true};  // Blackwell: derived, not measured (docs/perf-notes.md)
+  if (cc_major == 9) return LaunchTuning{384, 2, 0.6, 12, 4, true};   // Hopper: measured on an H200
+  return LaunchTuning{256, 4, 0.6, 12, 4, true};
 }
 
 }  // namespace kvrope

@@ -91,6 +91,16 @@ struct BulkRing {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KVROPE_HAS_BULK_COPY 1
 
+// A bulk load into this block's shared memory: the .shared::cta destination where the PTX ISA has it
+// (8.6, CUDA 12.8), else the .shared::cluster form with this block's own address.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if __cccl_ptx_isa >= 860
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, dst, src, bytes, bar);
+#else
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, src, bytes, bar);
+#endif
+}
+
 __device__ __forceinline__ void bulk_ring_init(const BulkRing& ring, int lane) {
   if (lane == 0) {
     for (int s = 0; s < ring.count; ++s) cuda::ptx::mbarrier_init(ring.bars + s, 1);
@@ -119,14 +129,12 @@ __device__ __forceinline__ void bulk_load_chunk(const BackwardArgs<T>& a, const 
   __syncwarp();
   if (skipped == 0 && src.seq_stride == a.head_dim) {  // consecutive rows: one copy
     if (lane == 0)
-      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, stage, src.row(c.b, c.j, c.r0),
-                               rows * row_bytes, bar);
+      bulk_load(stage, src.row(c.b, c.j, c.r0), rows * row_bytes, bar);
     return;
   }
   for (int64_t r = lane; r < c.n; r += 32)
     if (!use_mask || !row_marked(mask, c.r0 - w.w0 + r))
-      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, stage + r * row_bytes,
-                               src.row(c.b, c.j, c.r0 + r), row_bytes, bar);
+      bulk_load(stage + r * row_bytes, src.row(c.b, c.j, c.r0 + r), row_bytes, bar);
 }
 
 // Writes the loaded chunk to gk_out / gv_out, with zeros in the rows marked in the mask.
