@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call for a performance round (docs/perf-notes.md): builds the bench and the basic
 # example only, profiles the example's launch with Nsight Compute (warp stall reasons), runs the
-# bench (fused and in-place, checked) at the default tuning, then SWEEP: space-separated
-# "stages:slack" pairs of the bulk-copy ring on the cases of SWEEP_CASES (unchecked).
+# bench (fused and in-place, checked) at the default tuning, then SWEEP: space-separated sets of
+# kvrope_bench flags, commas between the flags of one set (for example "--block=256
+# --block=512,--token_weight=0.8"), each run on the cases of SWEEP_CASES (fused, unchecked).
 # Run from the repository root on the GPU machine after `source .deps/gpu-env.sh`; logs in $OUT.
 set -uo pipefail
 out=${OUT:-out}
@@ -24,11 +25,11 @@ $build/bench/kvrope_bench --variants=fused,inplace --iters=${ITERS:-30} ${BENCH_
   > "$out/bench.log" 2>&1
 echo "bench rc $? at ${SECONDS}s"
 sed -n '/kvrope_bench summary/,$p' "$out/bench.log"
-for pair in ${SWEEP:-}; do
-  st=${pair%%:*}
-  sl=${pair#*:}
-  $build/bench/kvrope_bench --variants=fused --no_check --iters=20 --cases=${SWEEP_CASES:-1,8,10,12,15} \
-    --bulk_stages=$st --bulk_slack=$sl --kvrope_json="$out/sweep-$st-$sl.json" > "$out/sweep-$st-$sl.log" 2>&1
-  echo "sweep stages $st slack $sl (rc $?, ${SECONDS}s):"
-  sed -n '/kvrope_bench summary/,/geometric/p' "$out/sweep-$st-$sl.log" | grep -E "^ +[0-9]+ " | awk '{print "  case", $1, "fused", $7}'
+for set in ${SWEEP:-}; do
+  flags=${set//,/ }
+  name=$(printf '%s' "$set" | tr -c 'A-Za-z0-9' '_')
+  $build/bench/kvrope_bench --variants=fused --no_check --iters=20 --cases=${SWEEP_CASES:-1,8,10,12,15} $flags \
+    --kvrope_json="$out/sweep-$name.json" > "$out/sweep-$name.log" 2>&1
+  echo "sweep $flags (rc $?, ${SECONDS}s):"
+  sed -n '/kvrope_bench summary/,/geometric/p' "$out/sweep-$name.log" | grep -E "^ +[0-9]+ " | awk '{print "  case", $1, "fused", $7}'
 done
