@@ -32,8 +32,9 @@ struct BackwardPlan {
   int vec_width = 0;          //!< elements per access
   int grid = 0;               //!< blocks of the persistent grid
   int block = 0;              //!< threads per block
-  int shared_bytes = 0;       //!< dynamic shared memory per block (the bitmask of rows in cache_position)
+  int shared_bytes = 0;       //!< dynamic shared memory per block (the bitmask of rows in cache_position, and the bulk-copy stages)
   int token_warps = 0;        //!< out-of-place: warps of each block doing token work; the others copy the caches
+  bool bulk_copy = false;     //!< out-of-place: one warp per block copies the caches with the bulk-copy engine (sm_90+)
 };
 
 namespace detail {
@@ -95,7 +96,6 @@ bool aligned16(const TokenRows<T>& v) {
 template <typename T, typename Pos>
 BackwardArgs<T> make_args(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk, HeadRows<const T> gv,
                           HeadRows<T> gk_out, HeadRows<T> gv_out, bool in_place) {
-  constexpr int64_t kMaxWindowRows = 65536;  // 8 KiB of bitmask
   const int64_t rows = std::max<int64_t>(p.cache_len, 1);
   BackwardArgs<T> a{};
   a.batch = p.batch;
@@ -140,6 +140,12 @@ Status resident_blocks(Kernel kernel, int device, int block, int shared_bytes, i
       *out = e.blocks;
       return {};
     }
+  // Once per kernel and device: allow the largest dynamic shared memory any launch of it asks for.
+  if (Status s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  static_cast<int>(kMaxSharedBytes)),
+                             "cudaFuncSetAttribute");
+      !s)
+    return s;
   int blocks = 0;
   if (Status s = cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block, shared_bytes),
                              "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
@@ -190,7 +196,13 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   if (Status s = cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute"); !s) return s;
   const LaunchTuning tune = tuning ? *tuning : default_tuning(major, minor);
   plan.block = std::clamp(tune.block_threads / 32 * 32, 32, kMaxBlockThreads);
-  plan.shared_bytes = static_cast<int>(mask_bytes(a.window_rows));
+  const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
+  plan.bulk_copy = tune.bulk_copy && vec && !a.in_place && copy_elems > 0 && major >= 9 && row_bytes <= kBulkStageBytes &&
+                   plan.block >= 64;
+  const int stages = std::clamp(tune.bulk_stages, 2, kMaxBulkStages);
+  const int slack = std::clamp(tune.bulk_store_slack, 1, std::min(stages - 1, kMaxBulkSlack));
+  plan.shared_bytes = static_cast<int>(plan.bulk_copy ? bulk_ring_offset(mask_bytes(a.window_rows)) + bulk_ring_bytes(stages)
+                                                      : mask_bytes(a.window_rows));
   int resident = 0;
   if (Status s = resident_blocks(kernel, device, plan.block, plan.shared_bytes, &resident); !s) return s;
   // One wave: never more blocks than fit on the device at once (the grid is persistent).
@@ -198,7 +210,17 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t warps = plan.block / 32;
   const int64_t token_blocks_max = (tokens + warps - 1) / warps;
   plan.grid = static_cast<int>(grid_max);
-  if (a.in_place) {
+  bool speculate = false;
+  if (plan.bulk_copy) {
+    // One copy warp per block, all others token warps; enough blocks for either role.
+    plan.token_warps = static_cast<int>(warps - 1);
+    const int64_t chunks = bulk_window(a, row_window(a, 0)).total;
+    const int64_t token_blocks = (tokens + plan.token_warps - 1) / plan.token_warps;
+    plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(chunks, token_blocks), 1, grid_max));
+    // Small caches (a few chunks per block): the first chunk's load need not wait for the bitmask.
+    // Its rows in cache_position are loaded for nothing, but they are then in L2 for the token work.
+    speculate = chunks <= kSpeculateChunksPerBlock * int64_t{plan.grid};
+  } else if (a.in_place) {
     plan.grid = static_cast<int>(std::clamp<int64_t>(token_blocks_max, 1, grid_max));
   } else if (tokens == 0) {
     plan.token_warps = 0;
@@ -208,11 +230,6 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   } else if (copy_elems == 0) {
     plan.token_warps = static_cast<int>(warps);
     plan.grid = static_cast<int>(std::clamp<int64_t>(token_blocks_max, 1, grid_max));
-  } else if (kSerialRoles) {
-    plan.token_warps = 0;  // every warp does token work first (experiment, see backward_kernel.cuh)
-    const int64_t copy_blocks = (copy_elems / plan.vec_width + int64_t{plan.block} * kCopyUnroll - 1) /
-                                (int64_t{plan.block} * kCopyUnroll);
-    plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(copy_blocks, token_blocks_max), 1, grid_max));
   } else {
     // Split each block's warps between the roles in proportion to the bytes each moves.
     const double token_bytes = double(tokens) * double(a.head_dim) * (5.0 * double(a.heads) + 4.0);
@@ -227,6 +244,10 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   }
   BackwardArgs<T> args = a;
   args.token_warps = plan.token_warps;
+  args.bulk = plan.bulk_copy;
+  args.bulk_speculate = speculate;
+  args.bulk_stages = stages;
+  args.bulk_slack = slack;
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
 

@@ -6,21 +6,33 @@ namespace kvrope {
 //! Block size and resident blocks per SM of the persistent grid. The grid is
 //! min(SM count x blocks_per_sm, blocks the work can use).
 struct LaunchTuning {
-  int block_threads = 512;  //!< a multiple of 32, at most kMaxBlockThreads
+  int block_threads = 384;  //!< a multiple of 32, at most kMaxBlockThreads
   int blocks_per_sm = 2;
-  //! Out-of-place: how many bytes a token warp moves per copy warp's byte in the same time; each
-  //! block gives token work warps x token_bytes / (token_bytes + weight x copy_bytes) of its warps.
+  //! Out-of-place without the bulk-copy engine (the scalar path, or before sm_90): how many bytes a
+  //! token warp moves per copy warp's byte in the same time; each block gives token work
+  //! warps x token_bytes / (token_bytes + weight x copy_bytes) of its warps. (With the bulk copy,
+  //! one warp per block copies and all others do token work.)
   double token_warp_weight = 0.6;
+  //! Out-of-place with the bulk copy (sm_90+): stages of 32 KiB in each block's shared-memory ring
+  //! (at most 6), and how many chunk stores may still be reading their stage when the copy warp
+  //! refills the oldest one (1 to stages - 1): stages - slack chunk loads stay in flight.
+  int bulk_stages = 6;
+  int bulk_store_slack = 2;
+  //! Out-of-place: copy the caches with the bulk-copy engine where it can (sm_90+, 16-byte aligned
+  //! rows); false: copy warps move them through registers, split by token_warp_weight.
+  bool bulk_copy = true;
 };
 
-//! The largest block the kernels are compiled for (their __launch_bounds__).
-inline constexpr int kMaxBlockThreads = 512;
+//! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the
+//! token work 168 registers, enough to hold the rows of four head iterations at once (see
+//! docs/perf-notes.md, v3).
+inline constexpr int kMaxBlockThreads = 384;
 
 //! Tuned launch parameters for a device of compute capability major.minor.
 inline LaunchTuning default_tuning(int cc_major, int /*cc_minor*/) {
-  if (cc_major >= 10) return LaunchTuning{512, 2, 0.6};  // Blackwell: derived, not measured (docs/perf-notes.md)
-  if (cc_major == 9) return LaunchTuning{512, 2, 0.6};   // Hopper: measured on an H200
-  return LaunchTuning{256, 4, 0.6};
+  if (cc_major >= 10) return LaunchTuning{384, 2, 0.6, 6, 2, true};  // Blackwell: derived, not measured (docs/perf-notes.md)
+  if (cc_major == 9) return LaunchTuning{384, 2, 0.6, 6, 2, true};   // Hopper: measured on an H200
+  return LaunchTuning{256, 4, 0.6, 6, 2, true};
 }
 
 }  // namespace kvrope

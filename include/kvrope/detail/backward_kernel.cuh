@@ -8,46 +8,18 @@
 #include "../core/arch.cuh"
 #include "../core/divmod.cuh"
 #include "../rope.cuh"
+#include "backward_args.cuh"
+#include "bulk_copy.cuh"
 
 namespace kvrope::detail {
 
-//! Everything the kernel reads, with the two variants folded into one shape: the cache-input
-//! gradients gk_out / gv_out are new buffers (out-of-place) or gk / gv themselves (in-place).
-template <typename T>
-struct BackwardArgs {
-  int64_t batch, heads, seq_len, cache_len, head_dim;
-  HeadRows<const T> gk, gv;
-  HeadRows<T> gk_out, gv_out;
-  HeadRows<const T> key;
-  TokenRows<const T> cos, sin;
-  HeadRows<T> grad_key, grad_value;
-  TokenRows<T> grad_cos, grad_sin;
-  const void* positions;
-  bool positions_are_int64;
-  bool in_place;
-  int* error_flag;
-  int64_t window_rows;  // cache rows one shared-memory bitmask covers: a multiple of 32
-  int token_warps;      // out-of-place: warps [0, token_warps) of each block do token work, the rest copy
-  FastDivmod div_seq;   // token index -> (b, t)
-  FastDivmod div_heads;
-};
-
-// Tuning knobs for experiments (docs/perf-notes.md): 16-byte copies in flight per thread, and the
-// unroll of the head loop of the token work. Override with -DKVROPE_COPY_UNROLL=N etc.
+// Tuning knob for experiments (docs/perf-notes.md): 16-byte copies in flight per thread of the
+// register copy path (the scalar path, and devices without the bulk-copy engine).
+// Override with -DKVROPE_COPY_UNROLL=N.
 #ifndef KVROPE_COPY_UNROLL
 #define KVROPE_COPY_UNROLL 8
 #endif
-#ifndef KVROPE_TOKEN_UNROLL
-#define KVROPE_TOKEN_UNROLL 2
-#endif
-// Experiment (docs/perf-notes.md): 1 = every warp does its token work and then copies (the order of
-// kernel v0) instead of each warp having one role. Compile-time, so the default build is unchanged.
-#ifndef KVROPE_SERIAL_ROLES
-#define KVROPE_SERIAL_ROLES 0
-#endif
-inline constexpr bool kSerialRoles = KVROPE_SERIAL_ROLES != 0;
 inline constexpr int kCopyUnroll = KVROPE_COPY_UNROLL;
-inline constexpr int kTokenUnroll = KVROPE_TOKEN_UNROLL;
 
 // Elements per access of the token work: at most 4 (8 bytes of bf16/fp16, 16 of fp32), so that a
 // lane's chunk pair, its table values and its two head-sum accumulators fit in registers.
@@ -55,7 +27,14 @@ template <typename T, int kVec>
 inline constexpr int kTokenVec = kVec > 4 ? 4 : kVec;
 
 //! Bytes of dynamic shared memory for a window of `window_rows` rows (one bit each).
-inline constexpr int64_t mask_bytes(int64_t window_rows) { return window_rows / 32 * 4; }
+__host__ __device__ inline constexpr int64_t mask_bytes(int64_t window_rows) { return window_rows / 32 * 4; }
+
+inline constexpr int64_t kMaxWindowRows = 65536;  // 8 KiB of bitmask
+//! The most dynamic shared memory a launch asks for: the largest bitmask and the bulk-copy ring.
+inline constexpr int64_t kMaxSharedBytes = bulk_ring_offset(mask_bytes(kMaxWindowRows)) + bulk_ring_bytes(kMaxBulkStages);
+//! Bulk copy: blocks load their first chunk before the bitmask when the window has at most this many
+//! chunks per block.
+inline constexpr int64_t kSpeculateChunksPerBlock = 8;
 
 // The row of the cache token t was written to, or -1 when its position is out of range.
 template <typename T>
@@ -109,12 +88,20 @@ struct WarpLayout {
   }
 };
 
+// Head iterations of the token work whose loads are issued together, before any of their stores:
+// the stores could alias the next loads as far as the compiler knows, so a load after a store waits
+// for a whole memory round trip. 16-bit T: 4 iterations (for H = 8, D = 128 every head of the token
+// at once); fp32, whose chunks take twice the registers: 2.
+template <typename T>
+inline constexpr int kTokenBatch = sizeof(T) == 4 ? 2 : 4;
+
 // All heads of token (b, t), whose cache row is r (-1: bad position, outputs zero). With zero_row,
 // the rows r of gk_out / gv_out are zeroed after being read by the same lanes (in-place variant).
 template <typename T, int kHeadDim, int kVec>
 __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const WarpLayout<kHeadDim, kVec>& w,
                                               int64_t b, int64_t t, int64_t r, bool zero_row, int lane) {
   using V = Vec<T, kVec>;
+  constexpr int kBatch = kTokenBatch<T>;
   const bool valid = r >= 0;
   const bool want_tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
   const int slot = lane & (w.slots - 1);
@@ -127,22 +114,31 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const Wa
       // The tables stay in T across the head loop and widen at each use: half the registers.
       const RawChunk<T, kVec> cs = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, t), w.half, i0);
       const RawChunk<T, kVec> sn = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, t), w.half, i0);
-#pragma unroll kTokenUnroll
-      for (int64_t j = slot; j < a.heads; j += w.slots) {
-        RawChunk<T, kVec> g{V::zeros(), V::zeros()}, v{V::zeros(), V::zeros()}, k{V::zeros(), V::zeros()};
-        if (valid) {
-          g = load_raw<cub::LOAD_CS, kVec>(a.gk.row(b, j, r), w.half, i0);
-          v = load_raw<cub::LOAD_CS, kVec>(a.gv.row(b, j, r), w.half, i0);
-          if (want_tables) k = load_raw<cub::LOAD_CS, kVec>(a.key.row(b, j, t), w.half, i0);
+      for (int64_t j0 = slot; j0 < a.heads; j0 += int64_t{kBatch} * w.slots) {
+        RawChunk<T, kVec> g[kBatch], v[kBatch], k[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int64_t j = j0 + int64_t{u} * w.slots;
+          g[u] = v[u] = k[u] = RawChunk<T, kVec>{V::zeros(), V::zeros()};
+          if (valid && j < a.heads) {
+            g[u] = load_raw<cub::LOAD_CS, kVec>(a.gk.row(b, j, r), w.half, i0);
+            v[u] = load_raw<cub::LOAD_CS, kVec>(a.gv.row(b, j, r), w.half, i0);
+            if (want_tables) k[u] = load_raw<cub::LOAD_CS, kVec>(a.key.row(b, j, t), w.half, i0);
+          }
         }
-        const RopeChunk<kVec> gf = g.widen();
-        if (want_tables) accumulate_rope_table_grads(gf, k.widen(), gcos, gsin);
-        store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), w.half, i0, v);
-        store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), w.half, i0, rope_backward(gf, cs.widen(), sn.widen()));
-        if (zero_row && valid) {
-          const RawChunk<T, kVec> zero{V::zeros(), V::zeros()};
-          store_raw<cub::STORE_CS>(a.gk_out.row(b, j, r), w.half, i0, zero);
-          store_raw<cub::STORE_CS>(a.gv_out.row(b, j, r), w.half, i0, zero);
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int64_t j = j0 + int64_t{u} * w.slots;
+          if (j >= a.heads) break;
+          const RopeChunk<kVec> gf = g[u].widen();
+          if (want_tables) accumulate_rope_table_grads(gf, k[u].widen(), gcos, gsin);
+          store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), w.half, i0, v[u]);
+          store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), w.half, i0, rope_backward(gf, cs.widen(), sn.widen()));
+          if (zero_row && valid) {
+            const RawChunk<T, kVec> zero{V::zeros(), V::zeros()};
+            store_raw<cub::STORE_CS>(a.gk_out.row(b, j, r), w.half, i0, zero);
+            store_raw<cub::STORE_CS>(a.gv_out.row(b, j, r), w.half, i0, zero);
+          }
         }
       }
     }
@@ -233,28 +229,41 @@ __device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int6
   }
 }
 
+// A token warp's next token: its index, (b, t) and cache row (-1: bad position or none left).
+struct TokenCursor {
+  int64_t tok, b, t, r;
+};
+
+// Warp `warp` of `warps` starts at token `warp`. Called before the block builds its bitmask, so the
+// first position's load overlaps that of the bitmask.
+template <typename T>
+__device__ __forceinline__ TokenCursor first_token(const BackwardArgs<T>& a, int64_t warp) {
+  TokenCursor c{warp, 0, 0, -1};
+  if (warp < a.batch * a.seq_len) {
+    uint64_t t = 0;
+    c.b = static_cast<int64_t>(a.div_seq.divmod(static_cast<uint64_t>(warp), t));
+    c.t = static_cast<int64_t>(t);
+    c.r = cache_row(a, c.t);
+  }
+  return c;
+}
+
 // Warp w of `warps` handles tokens w, w + warps, ...; with `zero_rows` (in-place) each zeroes its row
 // after reading it, or, when rows repeat, the first token of a row handles all of them. The next
 // token's position is loaded before the current token's rows, so its latency is hidden.
 template <typename T, int kHeadDim, int kVec>
-__device__ void token_work(const BackwardArgs<T>& a, const WarpLayout<kHeadDim, kVec>& layout, int64_t warp,
+__device__ void token_work(const BackwardArgs<T>& a, const WarpLayout<kHeadDim, kVec>& layout, TokenCursor next,
                            int64_t warps, bool zero_rows, bool repeats) {
   const int lane = threadIdx.x & 31;
   const int64_t tokens = a.batch * a.seq_len;
-  uint64_t t = 0;
-  int64_t b = warp < tokens ? static_cast<int64_t>(a.div_seq.divmod(warp, t)) : 0;
-  int64_t r = warp < tokens ? cache_row(a, static_cast<int64_t>(t)) : -1;
-  for (int64_t tok = warp; tok < tokens; tok += warps) {
-    const int64_t cur_b = b, cur_t = static_cast<int64_t>(t), cur_r = r;
-    if (tok + warps < tokens) {
-      b = static_cast<int64_t>(a.div_seq.divmod(tok + warps, t));
-      r = cache_row(a, static_cast<int64_t>(t));
-    }
-    if (cur_r < 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
-    if (zero_rows && repeats && cur_r >= 0) {
-      process_row_group(a, layout, cur_b, cur_t, cur_r, lane);
+  while (next.tok < tokens) {
+    const TokenCursor cur = next;
+    next = first_token(a, cur.tok + warps);
+    if (cur.r < 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
+    if (zero_rows && repeats && cur.r >= 0) {
+      process_row_group(a, layout, cur.b, cur.t, cur.r, lane);
     } else {
-      process_token(a, layout, cur_b, cur_t, cur_r, zero_rows, lane);
+      process_token(a, layout, cur.b, cur.t, cur.r, zero_rows, lane);
     }
   }
 }
@@ -278,68 +287,104 @@ __device__ __forceinline__ void copy_warps_sync(int threads) {
   asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
 }
 
+// The copy warps' own bitmask of window w (the token warps of the block do not take part).
+template <typename T>
+__device__ __forceinline__ void copy_warps_mask(const BackwardArgs<T>& a, uint32_t* mask, const RowWindow& w,
+                                                int copy_thread, int copy_threads, int* repeats) {
+  copy_warps_sync(copy_threads);
+  for (int64_t i = copy_thread; i < a.window_rows / 32; i += copy_threads) mask[i] = 0;
+  copy_warps_sync(copy_threads);
+  build_mask(a, mask, w.w0, w.wlen, copy_thread, copy_threads, repeats);
+  copy_warps_sync(copy_threads);
+}
+
 //! The fused backward. kHeadDim = 0 is the generic path (D read at run time); kVec is the elements
 //! per access of the copy work (16 bytes, or 1 when pointers or strides are not 16-byte aligned).
 //!
 //! Out-of-place, every block splits its warps by role so that both run at once on every SM: warps
 //! [0, token_warps) do the token work, the others copy every cache row not in cache_position and
 //! write zeros to those that are (a bitmask in shared memory tells them apart), so each output row
-//! is written exactly once. In-place, every block first learns whether a row repeats (the bitmask
-//! again), then all its warps do token work.
+//! is written exactly once. With `a.bulk` (16-byte aligned rows on sm_90 and later) the copy is one
+//! warp driving the bulk-copy engine through a ring of shared-memory stages; otherwise the copy
+//! warps move the rows through registers. In-place, every block first learns whether a row repeats
+//! (the bitmask again), then all its warps do token work.
 template <typename T, int kHeadDim, int kVec>
 __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const BackwardArgs<T> a) {
-  extern __shared__ uint32_t mask[];
+  extern __shared__ __align__(kBulkAlign) uint32_t mask[];
   __shared__ int repeats;
   const WarpLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim);
   const int warps_per_block = blockDim.x / 32;
   const int warp_in_block = threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
   const int64_t windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
-  const int64_t first_len = a.cache_len < a.window_rows ? a.cache_len : a.window_rows;
+  const bool token_warp = a.in_place || warp_in_block < a.token_warps;
+  // Token warps of the grid: warp w of block k is token warp k x per_block + w.
+  const int64_t token_warps_per_block = a.in_place ? warps_per_block : a.token_warps;
+  const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;
+
+  // Work that needs no bitmask starts first: the first token's position, the first bulk chunk.
+  TokenCursor cursor{};
+  if (token_warp) cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
+#if KVROPE_HAS_BULK_COPY
+  BulkRing ring{reinterpret_cast<unsigned char*>(mask) + bulk_ring_offset(mask_bytes(a.window_rows)), nullptr,
+                a.bulk_stages, a.bulk_slack, 0};
+  ring.bars = reinterpret_cast<uint64_t*>(ring.stages + int64_t{ring.count} * kBulkStageBytes);
+  const bool bulk_warp = a.bulk && !token_warp;
+  int64_t prefetched = 0;
+  if (bulk_warp) {
+    bulk_ring_init(ring, lane);
+    const BulkWindow w = bulk_window(a, row_window(a, 0));
+    const BulkRange range = bulk_range(w, blockIdx.x, gridDim.x);
+    if (a.bulk_speculate && range.begin < range.end) {
+      bulk_load_chunk(a, mask, w, BulkCursor::at(w, range.begin), ring.stages, ring.bars, false, lane);
+      prefetched = 1;
+    }
+  }
+#endif
 
   // The first window's bitmask, built by the whole block.
   if (threadIdx.x == 0) repeats = 0;
   for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
   __syncthreads();
-  build_mask(a, mask, 0, first_len, threadIdx.x, blockDim.x, &repeats);
+  build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, blockDim.x, &repeats);
   __syncthreads();
 
   if (a.in_place) {
     // Only whether a row repeats matters here; later windows are scanned until one does.
     for (int64_t win = 1; win < windows && !repeats; ++win) {
-      const int64_t w0 = win * a.window_rows;
-      const int64_t wlen = a.cache_len - w0 < a.window_rows ? a.cache_len - w0 : a.window_rows;
+      const RowWindow rows = row_window(a, win);
       for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
       __syncthreads();
-      build_mask(a, mask, w0, wlen, threadIdx.x, blockDim.x, &repeats);
+      build_mask(a, mask, rows.w0, rows.wlen, threadIdx.x, blockDim.x, &repeats);
       __syncthreads();
     }
-    token_work(a, layout, int64_t{blockIdx.x} * warps_per_block + warp_in_block, int64_t{gridDim.x} * warps_per_block,
-               true, repeats != 0);
+    token_work(a, layout, cursor, token_warps, true, repeats != 0);
     return;
   }
-
-  if constexpr (kSerialRoles) {
-    token_work(a, layout, int64_t{blockIdx.x} * warps_per_block + warp_in_block, int64_t{gridDim.x} * warps_per_block,
-               false, false);
-  } else if (warp_in_block < a.token_warps) {
-    token_work(a, layout, int64_t{blockIdx.x} * a.token_warps + warp_in_block, int64_t{gridDim.x} * a.token_warps,
-               false, false);
+  if (token_warp) {
+    token_work(a, layout, cursor, token_warps, false, false);
     return;
   }
   const int copy_threads = blockDim.x - a.token_warps * 32;
   const int copy_thread = threadIdx.x - a.token_warps * 32;
+#if KVROPE_HAS_BULK_COPY
+  if (bulk_warp) {  // the block's one copy warp (copy_threads == 32)
+    for (int64_t win = 0; win < windows; ++win) {
+      const RowWindow rows = row_window(a, win);
+      if (win > 0) copy_warps_mask(a, mask, rows, copy_thread, copy_threads, &repeats);
+      const BulkWindow w = bulk_window(a, rows);
+      bulk_copy_window(a, mask, w, ring, bulk_range(w, blockIdx.x, gridDim.x), win == 0 ? prefetched : 0, lane);
+    }
+    bulk_drain();
+    return;
+  }
+#endif
   const uint64_t thread = uint64_t{blockIdx.x} * copy_threads + copy_thread;
   const uint64_t threads = uint64_t{gridDim.x} * copy_threads;
-  copy_window<T, kHeadDim, kVec>(a, mask, 0, first_len, thread, threads);
-  for (int64_t win = 1; win < windows; ++win) {  // caches longer than one bitmask window
-    const int64_t w0 = win * a.window_rows;
-    const int64_t wlen = a.cache_len - w0 < a.window_rows ? a.cache_len - w0 : a.window_rows;
-    copy_warps_sync(copy_threads);
-    for (int64_t i = copy_thread; i < a.window_rows / 32; i += copy_threads) mask[i] = 0;
-    copy_warps_sync(copy_threads);
-    build_mask(a, mask, w0, wlen, copy_thread, copy_threads, &repeats);
-    copy_warps_sync(copy_threads);
-    copy_window<T, kHeadDim, kVec>(a, mask, w0, wlen, thread, threads);
+  for (int64_t win = 0; win < windows; ++win) {  // caches longer than one bitmask window: several
+    const RowWindow rows = row_window(a, win);
+    if (win > 0) copy_warps_mask(a, mask, rows, copy_thread, copy_threads, &repeats);
+    copy_window<T, kHeadDim, kVec>(a, mask, rows.w0, rows.wlen, thread, threads);
   }
 }
 

@@ -1,0 +1,36 @@
+// The fused backward kernel's arguments: both variants folded into one shape.
+#pragma once
+
+#include <cstdint>
+
+#include "../core/divmod.cuh"
+#include "../core/tensor.cuh"
+
+namespace kvrope::detail {
+
+//! Everything the kernel reads, with the two variants folded into one shape: the cache-input
+//! gradients gk_out / gv_out are new buffers (out-of-place) or gk / gv themselves (in-place).
+template <typename T>
+struct BackwardArgs {
+  int64_t batch, heads, seq_len, cache_len, head_dim;
+  HeadRows<const T> gk, gv;
+  HeadRows<T> gk_out, gv_out;
+  HeadRows<const T> key;
+  TokenRows<const T> cos, sin;
+  HeadRows<T> grad_key, grad_value;
+  TokenRows<T> grad_cos, grad_sin;
+  const void* positions;
+  bool positions_are_int64;
+  bool in_place;
+  int* error_flag;
+  int64_t window_rows;  // cache rows one shared-memory bitmask covers: a multiple of 32
+  int token_warps;      // out-of-place: warps [0, token_warps) of each block do token work, the rest copy
+  bool bulk;            // out-of-place: the copy is one warp per block driving the bulk-copy engine
+  bool bulk_speculate;  // with bulk: each block loads its first chunk before the bitmask is built
+  int bulk_stages;      // with bulk: stages of the shared-memory ring
+  int bulk_slack;       // with bulk: chunk stores that may still read their stage when one is refilled
+  FastDivmod div_seq;   // token index -> (b, t)
+  FastDivmod div_heads;
+};
+
+}  // namespace kvrope::detail

@@ -1,0 +1,264 @@
+// The out-of-place cache copy through shared memory with the bulk-copy engine (cp.async.bulk, sm_90
+// and later): one warp per block keeps a ring of chunks of cache rows in flight, with no register
+// holding data, so the other warps of the block keep all their registers for the token work.
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+#include "backward_args.cuh"
+
+namespace kvrope::detail {
+
+// Experiment knob (docs/perf-notes.md): -DKVROPE_BULK_STAGE_BYTES=N. The number of stages and how
+// many stores may still be reading their stage are run-time launch parameters (LaunchTuning).
+#ifndef KVROPE_BULK_STAGE_BYTES
+#define KVROPE_BULK_STAGE_BYTES 32768
+#endif
+inline constexpr int kBulkStageBytes = KVROPE_BULK_STAGE_BYTES;  // bytes of one chunk at most
+inline constexpr int kMaxBulkStages = 6;                         // stages of the ring at most
+inline constexpr int kMaxBulkSlack = 8;                          // stores still reading their stage at most
+inline constexpr int kBulkAlign = 128;
+
+//! Offset of the stage ring in the kernel's dynamic shared memory, after the bitmask.
+__host__ __device__ inline constexpr int64_t bulk_ring_offset(int64_t mask_bytes) {
+  return (mask_bytes + kBulkAlign - 1) / kBulkAlign * kBulkAlign;
+}
+//! Bytes of a ring of `stages` stages and their barriers.
+__host__ __device__ inline constexpr int64_t bulk_ring_bytes(int stages) {
+  return int64_t{stages} * (kBulkStageBytes + 8);
+}
+
+
+//! The cache rows [w0, w0 + wlen) one shared-memory bitmask covers.
+struct RowWindow {
+  int64_t w0, wlen;
+};
+
+template <typename T>
+__host__ __device__ __forceinline__ RowWindow row_window(const BackwardArgs<T>& a, int64_t win) {
+  const int64_t w0 = win * a.window_rows;
+  return {w0, a.cache_len - w0 < a.window_rows ? a.cache_len - w0 : a.window_rows};
+}
+
+//! The chunks of one bitmask window [w0, w0 + wlen): for every (cache, b, head), ceil(wlen / rows)
+//! chunks of up to rows_per_chunk consecutive rows, numbered cache-major, then b, head, rows.
+struct BulkWindow {
+  int64_t w0, wlen, rows_per_chunk, per_slab, total, heads, batch;
+};
+
+//! A chunk, and the walk from one to the next without divisions: the copy warp is a single warp,
+//! so every instruction of its per-chunk work is on the critical path.
+struct BulkCursor {
+  int64_t k, j, b;  // chunk within the slab, head, batch
+  bool value;       // gv (else gk)
+  int64_t r0, n;    // its rows [r0, r0 + n)
+
+  __device__ __forceinline__ void rows(const BulkWindow& w) {
+    r0 = w.w0 + k * w.rows_per_chunk;
+    n = w.w0 + w.wlen - r0 < w.rows_per_chunk ? w.w0 + w.wlen - r0 : w.rows_per_chunk;
+  }
+  __device__ __forceinline__ static BulkCursor at(const BulkWindow& w, int64_t c) {
+    BulkCursor out;
+    const int64_t slab = c / w.per_slab;
+    out.k = c - slab * w.per_slab;
+    out.value = slab >= w.batch * w.heads;
+    const int64_t bh = out.value ? slab - w.batch * w.heads : slab;
+    out.b = bh / w.heads;
+    out.j = bh - out.b * w.heads;
+    out.rows(w);
+    return out;
+  }
+  __device__ __forceinline__ void next(const BulkWindow& w) {
+    if (++k == w.per_slab) {
+      k = 0;
+      if (++j == w.heads) {
+        j = 0;
+        if (++b == w.batch) {
+          b = 0;
+          value = true;
+        }
+      }
+    }
+    rows(w);
+  }
+};
+
+//! The block's share of a window's chunks: a contiguous range, so that its cursor only walks forward.
+struct BulkRange {
+  int64_t begin, end;
+};
+__device__ __forceinline__ BulkRange bulk_range(const BulkWindow& w, int64_t block, int64_t blocks) {
+  const int64_t per_block = (w.total + blocks - 1) / blocks;
+  const int64_t begin = block * per_block < w.total ? block * per_block : w.total;
+  return {begin, begin + per_block < w.total ? begin + per_block : w.total};
+}
+
+template <typename T>
+__host__ __device__ __forceinline__ BulkWindow bulk_window(const BackwardArgs<T>& a, const RowWindow& rows) {
+  const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
+  BulkWindow w{rows.w0, rows.wlen, kBulkStageBytes / row_bytes, 0, 0, a.heads, a.batch};
+  w.per_slab = (rows.wlen + w.rows_per_chunk - 1) / w.rows_per_chunk;
+  w.total = 2 * a.batch * a.heads * w.per_slab;
+  return w;
+}
+
+__device__ __forceinline__ bool row_marked(const uint32_t* mask, int64_t local) {
+  return (mask[local >> 5] >> (local & 31)) & 1u;
+}
+
+// Rows of chunk c marked in the mask, counted over the warp (each lane tests rows lane, lane + 32, ...).
+__device__ __forceinline__ uint32_t marked_rows(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
+                                                int lane) {
+  uint32_t marked = 0;
+  for (int64_t r = lane; r < c.n; r += 32) marked += row_marked(mask, c.r0 - w.w0 + r);
+  return __reduce_add_sync(0xffffffffu, marked);
+}
+
+//! The ring of stages of the copy warp and the number of chunks it has gone through (the stage of
+//! chunk use n is n % count, its barrier's phase parity (n / count) & 1). `slack`: how many chunk
+//! stores may still be reading their stage when the oldest stage is refilled (1 <= slack < count).
+struct BulkRing {
+  unsigned char* stages;
+  uint64_t* bars;
+  int count, slack;
+  uint64_t uses;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KVROPE_HAS_BULK_COPY 1
+
+// A bulk load into this block's shared memory: the .shared::cta destination where the PTX ISA has it
+// (8.6, CUDA 12.8), else the .shared::cluster form with this block's own address.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if __cccl_ptx_isa >= 860
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, dst, src, bytes, bar);
+#else
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, src, bytes, bar);
+#endif
+}
+
+__device__ __forceinline__ void bulk_ring_init(const BulkRing& ring, int lane) {
+  if (lane == 0) {
+    for (int s = 0; s < ring.count; ++s) cuda::ptx::mbarrier_init(ring.bars + s, 1);
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncwarp();
+}
+
+// Starts loading chunk c into a stage. Rows marked in the mask are not loaded (the token work reads
+// them; their output is zeros, filled in at store time). Without the mask (speculative loads
+// issued before it is built) every row is loaded.
+template <typename T>
+__device__ __forceinline__ void bulk_load_chunk(const BackwardArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
+                                                const BulkCursor& c, unsigned char* stage, uint64_t* bar,
+                                                bool use_mask, int lane) {
+  const HeadRows<const T>& src = c.value ? a.gv : a.gk;
+  const uint32_t row_bytes = static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)});
+  const uint32_t skipped = use_mask ? marked_rows(mask, w, c, lane) : 0;
+  const uint32_t rows = static_cast<uint32_t>(c.n) - skipped;
+  if (skipped == 0 && src.seq_stride == a.head_dim) {  // consecutive rows: one copy
+    if (lane == 0) {
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                           bar, rows * row_bytes);
+      bulk_load(stage, src.row(c.b, c.j, c.r0), rows * row_bytes, bar);
+    }
+    return;
+  }
+  if (lane == 0)
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
+                                         rows * row_bytes);
+  __syncwarp();
+  for (int64_t r = lane; r < c.n; r += 32)
+    if (!use_mask || !row_marked(mask, c.r0 - w.w0 + r))
+      bulk_load(stage + r * row_bytes, src.row(c.b, c.j, c.r0 + r), row_bytes, bar);
+}
+
+// Writes the loaded chunk to gk_out / gv_out, with zeros in the rows marked in the mask.
+template <typename T>
+__device__ __forceinline__ void bulk_store_chunk(const BackwardArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
+                                                 const BulkCursor& c, unsigned char* stage, int lane) {
+  const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
+  const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
+  bool zeros = false;
+  for (int64_t r = lane; r < c.n; r += 32) {  // each lane zero-fills its own marked rows
+    if (!row_marked(mask, c.r0 - w.w0 + r)) continue;
+    zeros = true;
+    uint4* row = reinterpret_cast<uint4*>(stage + r * row_bytes);
+    for (int64_t i = 0; i < row_bytes / 16; ++i) row[i] = make_uint4(0, 0, 0, 0);
+  }
+  // The zeros (generic proxy) before the bulk engine (async proxy) reads the stage; only then, as
+  // the fence may wait for the warp's other bulk operations in flight.
+  if (__any_sync(0xffffffffu, zeros)) {
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+    __syncwarp();
+  }
+  if (dst.seq_stride == a.head_dim) {
+    if (lane == 0)
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0), stage,
+                               static_cast<uint32_t>(c.n * row_bytes));
+  } else {
+    for (int64_t r = lane; r < c.n; r += 32)
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0 + r),
+                               stage + r * row_bytes, static_cast<uint32_t>(row_bytes));
+  }
+  cuda::ptx::cp_async_bulk_commit_group();
+}
+
+// Waits until at most `pending` of this thread's bulk stores are still reading shared memory.
+__device__ __forceinline__ void bulk_wait_reads(int pending) {
+  switch (pending) {  // the count is an immediate of the instruction
+    case 0: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{}); break;
+    case 1: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{}); break;
+    case 2: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<2>{}); break;
+    case 3: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<3>{}); break;
+    case 4: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<4>{}); break;
+    case 5: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<5>{}); break;
+    case 6: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<6>{}); break;
+    default: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<7>{}); break;
+  }
+}
+
+//! The copy warp's share of one window: its block's range of chunks. The first `prefetched` of them
+//! were already issued (speculatively, before the mask was built).
+//! At step i the warp waits for chunk i, stores it, and refills the stage of chunk i - slack + 1
+//! (whose store has read it by then, usually) with chunk i - slack + 1 + count: count - slack loads
+//! and slack stores in flight.
+template <typename T>
+__device__ void bulk_copy_window(const BackwardArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
+                                 BulkRing& ring, const BulkRange& range, int64_t prefetched, int lane) {
+  const int64_t mine = range.end - range.begin;
+  if (mine <= 0) return;
+  auto stage_of = [&](int64_t i) { return ring.stages + ((ring.uses + i) % ring.count) * kBulkStageBytes; };
+  auto bar_of = [&](int64_t i) { return ring.bars + (ring.uses + i) % ring.count; };
+  BulkCursor load = BulkCursor::at(w, range.begin), store = load;
+  int64_t loaded = 0;  // chunks whose load was issued: load is at chunk `loaded`
+  for (; loaded < mine && loaded < ring.count; ++loaded, load.next(w))
+    if (loaded >= prefetched) bulk_load_chunk(a, mask, w, load, stage_of(loaded), bar_of(loaded), true, lane);
+  for (int64_t i = 0; i < mine; ++i, store.next(w)) {
+    const uint32_t parity = static_cast<uint32_t>((ring.uses + i) / ring.count) & 1u;
+    while (!cuda::ptx::mbarrier_try_wait_parity(bar_of(i), parity)) {
+    }
+    bulk_store_chunk(a, mask, w, store, stage_of(i), lane);
+    if (i - ring.slack + 1 >= 0 && loaded < mine) {  // refill the stage of chunk loaded - count
+      bulk_wait_reads(ring.slack - 1);
+      __syncwarp();
+      bulk_load_chunk(a, mask, w, load, stage_of(loaded), bar_of(loaded), true, lane);
+      ++loaded;
+      load.next(w);
+    }
+  }
+  bulk_wait_reads(0);  // the stages are free again
+  __syncwarp();
+  ring.uses += static_cast<uint64_t>(mine);
+}
+
+//! Before the copy warp exits: every bulk store complete.
+__device__ __forceinline__ void bulk_drain() { cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{}); }
+
+#else
+#define KVROPE_HAS_BULK_COPY 0
+#endif
+
+}  // namespace kvrope::detail
