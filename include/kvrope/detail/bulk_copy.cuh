@@ -55,11 +55,11 @@ struct BulkCursor {
   bool value;       // gv (else gk)
   int64_t r0, n;    // its rows [r0, r0 + n)
 
-  __device__ __forceinline__ void rows(const BulkWindow& w) {
+  __host__ __device__ __forceinline__ void rows(const BulkWindow& w) {
     r0 = w.w0 + k * w.rows_per_chunk;
     n = w.w0 + w.wlen - r0 < w.rows_per_chunk ? w.w0 + w.wlen - r0 : w.rows_per_chunk;
   }
-  __device__ __forceinline__ static BulkCursor at(const BulkWindow& w, int64_t c) {
+  __host__ __device__ __forceinline__ static BulkCursor at(const BulkWindow& w, int64_t c) {
     BulkCursor out;
     const int64_t slab = c / w.per_slab;
     out.k = c - slab * w.per_slab;
@@ -70,7 +70,7 @@ struct BulkCursor {
     out.rows(w);
     return out;
   }
-  __device__ __forceinline__ void next(const BulkWindow& w) {
+  __host__ __device__ __forceinline__ void next(const BulkWindow& w) {
     if (++k == w.per_slab) {
       k = 0;
       if (++j == w.heads) {
@@ -89,7 +89,7 @@ struct BulkCursor {
 struct BulkRange {
   int64_t begin, end;
 };
-__device__ __forceinline__ BulkRange bulk_range(const BulkWindow& w, int64_t block, int64_t blocks) {
+__host__ __device__ __forceinline__ BulkRange bulk_range(const BulkWindow& w, int64_t block, int64_t blocks) {
   const int64_t per_block = (w.total + blocks - 1) / blocks;
   const int64_t begin = block * per_block < w.total ? block * per_block : w.total;
   return {begin, begin + per_block < w.total ? begin + per_block : w.total};
