@@ -127,7 +127,7 @@ BackwardArgs<T> make_args(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk,
 // Blocks of `kernel` resident per SM at this block size; cached per kernel, device and shape since
 // the occupancy query costs a few microseconds of host time.
 template <typename Kernel>
-Status resident_blocks(Kernel kernel, int device, int block, int shared_bytes, int* out) {
+Status resident_blocks(Kernel kernel, int device, int block, int shared_bytes, int shared_optin, int* out) {
   struct Entry {
     const void* kernel;
     int device, block, shared_bytes, blocks;
@@ -140,9 +140,10 @@ Status resident_blocks(Kernel kernel, int device, int block, int shared_bytes, i
       *out = e.blocks;
       return {};
     }
-  // Once per kernel and device: allow the largest dynamic shared memory any launch of it asks for.
-  if (Status s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  static_cast<int>(kMaxSharedBytes)),
+  // Once per kernel and device: allow the largest dynamic shared memory any launch of it asks for,
+  // within what the device allows a block.
+  const int allowed = static_cast<int>(std::min<int64_t>(kMaxSharedBytes, shared_optin));
+  if (Status s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, allowed),
                              "cudaFuncSetAttribute");
       !s)
     return s;
@@ -189,8 +190,9 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     plan.path = plan.head_dim_instance ? BackwardPath::kCompiledHeadDim : BackwardPath::kGenericVectorized;
   }
 
-  int device = 0, sms = 0, major = 0, minor = 0;
+  int device = 0, sms = 0, major = 0, minor = 0, shared_optin = 0;
   if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
+  if (Status s = cuda_status(cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute"); !s) return s;
   if (Status s = cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute"); !s) return s;
   if (Status s = cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute"); !s) return s;
   if (Status s = cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute"); !s) return s;
@@ -199,12 +201,16 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
   plan.bulk_copy = tune.bulk_copy && vec && !a.in_place && copy_elems > 0 && major >= 9 && row_bytes <= kBulkStageBytes &&
                    plan.block >= 64;
-  const int stages = std::clamp(tune.bulk_stages, 2, kMaxBulkStages);
-  const int slack = std::clamp(tune.bulk_store_slack, 1, std::min(stages - 1, kMaxBulkSlack));
-  plan.shared_bytes = static_cast<int>(plan.bulk_copy ? bulk_ring_offset(mask_bytes(a.window_rows)) + bulk_ring_bytes(stages)
-                                                      : mask_bytes(a.window_rows));
+  // As many stages as asked for that fit the device's shared memory per block (all 6 on H100, H200
+  // and B200; fewer on GPUs with less); under 2, the register copy.
+  const int64_t ring_offset = bulk_ring_offset(mask_bytes(a.window_rows));
+  const int fitting = static_cast<int>(std::max<int64_t>(0, (shared_optin - ring_offset) / bulk_ring_bytes(1)));
+  const int stages = std::min(std::clamp(tune.bulk_stages, 2, kMaxBulkStages), fitting);
+  plan.bulk_copy = plan.bulk_copy && stages >= 2;
+  const int slack = std::clamp(tune.bulk_store_slack, 1, std::max(1, std::min(stages - 1, kMaxBulkSlack)));
+  plan.shared_bytes = static_cast<int>(plan.bulk_copy ? ring_offset + bulk_ring_bytes(stages) : mask_bytes(a.window_rows));
   int resident = 0;
-  if (Status s = resident_blocks(kernel, device, plan.block, plan.shared_bytes, &resident); !s) return s;
+  if (Status s = resident_blocks(kernel, device, plan.block, plan.shared_bytes, shared_optin, &resident); !s) return s;
   // One wave: never more blocks than fit on the device at once (the grid is persistent).
   const int64_t grid_max = int64_t{sms} * std::max(1, std::min(tune.blocks_per_sm, resident));
   const int64_t warps = plan.block / 32;
