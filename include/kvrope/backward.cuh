@@ -198,15 +198,14 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   if (Status s = cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute"); !s) return s;
   const LaunchTuning tune = tuning ? *tuning : default_tuning(major, minor);
   plan.block = std::clamp(tune.block_threads / 32 * 32, 32, kMaxBlockThreads);
+  // The bulk copy's ring: as many stages as asked for that fit the device's shared memory per block
+  // (all 6 on H100, H200 and B200; fewer on GPUs with less); under 2, the register copy.
   const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
-  plan.bulk_copy = tune.bulk_copy && vec && !a.in_place && copy_elems > 0 && major >= 9 && row_bytes <= kBulkStageBytes &&
-                   plan.block >= 64;
-  // As many stages as asked for that fit the device's shared memory per block (all 6 on H100, H200
-  // and B200; fewer on GPUs with less); under 2, the register copy.
   const int64_t ring_offset = bulk_ring_offset(mask_bytes(a.window_rows));
   const int fitting = static_cast<int>(std::max<int64_t>(0, (shared_optin - ring_offset) / bulk_ring_bytes(1)));
   const int stages = std::min(std::clamp(tune.bulk_stages, 2, kMaxBulkStages), fitting);
-  plan.bulk_copy = plan.bulk_copy && stages >= 2;
+  plan.bulk_copy = tune.bulk_copy && vec && !a.in_place && copy_elems > 0 && major >= 9 && row_bytes <= kBulkStageBytes &&
+                   plan.block >= 64 && stages >= 2;
   const int slack = std::clamp(tune.bulk_store_slack, 1, std::max(1, std::min(stages - 1, kMaxBulkSlack)));
   plan.shared_bytes = static_cast<int>(plan.bulk_copy ? ring_offset + bulk_ring_bytes(stages) : mask_bytes(a.window_rows));
   int resident = 0;
