@@ -1,0 +1,114 @@
+// kvrope_probe: one shape of the backward, launched a few times, for profilers (Nsight Compute,
+// Nsight Systems). kvrope_bench links CUPTI for its own clock, which a profiler would compete with;
+// this program launches the kernels and nothing else (bf16, contiguous BHSD, cache_position = arange).
+//
+//   kvrope_probe B S S_max [variant=fused|inplace] [launches=3] [H=8] [D=128]
+//   ncu --cache-control all -k regex:backward_kernel build/bench/kvrope_probe 1 691 2048
+#include <kvrope/kvrope.cuh>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#define PROBE_CHECK(call)                                                                      \
+  do {                                                                                         \
+    const cudaError_t e_ = (call);                                                             \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+using T = __nv_bfloat16;
+
+__global__ void probe_fill(T* out, size_t n, uint32_t salt) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ salt;
+    h ^= h >> 15;
+    out[i] = __float2bfloat16(static_cast<float>(h & 0xffff) / 32768.0f - 1.0f);
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s B S S_max [fused|inplace] [launches] [H] [D]\n", argv[0]);
+    return 2;
+  }
+  const int64_t B = std::atoll(argv[1]), S = std::atoll(argv[2]), L = std::atoll(argv[3]);
+  const bool in_place = argc > 4 && std::strcmp(argv[4], "inplace") == 0;
+  const int launches = argc > 5 ? std::atoi(argv[5]) : 3;
+  const int64_t H = argc > 6 ? std::atoll(argv[6]) : 8, D = argc > 7 ? std::atoll(argv[7]) : 128;
+  if (S > L) {
+    std::fprintf(stderr, "S must be at most S_max (positions are arange(S))\n");
+    return 2;
+  }
+  const size_t cache = B * H * L * D, tok = B * H * S * D, tab = B * S * D;
+  std::vector<T*> bufs;
+  auto alloc = [&](size_t n, uint32_t salt) {
+    T* p = nullptr;
+    PROBE_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    probe_fill<<<1024, 256>>>(p, n, salt);
+    PROBE_CHECK(cudaGetLastError());
+    bufs.push_back(p);
+    return p;
+  };
+  T *gk = alloc(cache, 1), *gv = alloc(cache, 2), *key = alloc(tok, 3), *cos = alloc(tab, 4), *sin = alloc(tab, 5);
+  T *gks = alloc(tok, 6), *gvs = alloc(tok, 7), *gcos = alloc(tab, 8), *gsin = alloc(tab, 9);
+  T *gk_in = in_place ? nullptr : alloc(cache, 10), *gv_in = in_place ? nullptr : alloc(cache, 11);
+  std::vector<int64_t> h_pos(S);
+  std::iota(h_pos.begin(), h_pos.end(), int64_t{0});
+  int64_t* pos = nullptr;
+  PROBE_CHECK(cudaMalloc(&pos, std::max<int64_t>(S, 1) * sizeof(int64_t)));
+  PROBE_CHECK(cudaMemcpy(pos, h_pos.data(), S * sizeof(int64_t), cudaMemcpyHostToDevice));
+
+  kvrope::BackwardInPlaceParams<T> ip;
+  ip.batch = B, ip.heads = H, ip.seq_len = S, ip.cache_len = L, ip.head_dim = D;
+  ip.grad_key_cache = kvrope::bhsd(gk, H, L, D);
+  ip.grad_value_cache = kvrope::bhsd(gv, H, L, D);
+  ip.key_states = kvrope::bhsd<const T>(key, H, S, D);
+  ip.cos = kvrope::bsd<const T>(cos, S, D);
+  ip.sin = kvrope::bsd<const T>(sin, S, D);
+  ip.cache_position = pos;
+  ip.grad_key_states = kvrope::bhsd(gks, H, S, D);
+  ip.grad_value_states = kvrope::bhsd(gvs, H, S, D);
+  ip.grad_cos = kvrope::bsd(gcos, S, D);
+  ip.grad_sin = kvrope::bsd(gsin, S, D);
+  kvrope::BackwardParams<T> op;
+  static_cast<kvrope::BackwardCommon<T, int64_t>&>(op) = ip;
+  op.grad_key_cache = kvrope::bhsd<const T>(gk, H, L, D);
+  op.grad_value_cache = kvrope::bhsd<const T>(gv, H, L, D);
+  op.grad_key_cache_input = kvrope::bhsd(gk_in, H, L, D);
+  op.grad_value_cache_input = kvrope::bhsd(gv_in, H, L, D);
+
+  kvrope::BackwardPlan plan;
+  const kvrope::Status planned = in_place ? kvrope::plan_backward(ip, &plan) : kvrope::plan_backward(op, &plan);
+  if (!planned) {
+    std::fprintf(stderr, "plan: %s (%s)\n", kvrope::to_string(planned.code), planned.field ? planned.field : "");
+    return 1;
+  }
+  std::printf("B %lld S %lld S_max %lld H %lld D %lld %s: grid %d block %d shared %d token_warps %d bulk %d\n",
+              static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(L),
+              static_cast<long long>(H), static_cast<long long>(D), in_place ? "inplace" : "fused", plan.grid,
+              plan.block, plan.shared_bytes, plan.token_warps, static_cast<int>(plan.bulk_copy));
+  cudaEvent_t start, stop;
+  PROBE_CHECK(cudaEventCreate(&start));
+  PROBE_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < launches; ++i) {
+    PROBE_CHECK(cudaEventRecord(start));
+    const kvrope::Status s = in_place ? kvrope::kv_cache_rope_backward(ip) : kvrope::kv_cache_rope_backward(op);
+    PROBE_CHECK(cudaEventRecord(stop));
+    PROBE_CHECK(cudaEventSynchronize(stop));
+    if (!s) {
+      std::fprintf(stderr, "launch: %s (%s)\n", kvrope::to_string(s.code), s.field ? s.field : "");
+      return 1;
+    }
+    float ms = 0;
+    PROBE_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    std::printf("launch %d: %.2f us (events, L2 not flushed)\n", i, ms * 1000.0f);
+  }
+  for (T* p : bufs) PROBE_CHECK(cudaFree(p));
+  PROBE_CHECK(cudaFree(pos));
+  return 0;
+}
