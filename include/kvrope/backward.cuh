@@ -35,6 +35,7 @@ struct BackwardPlan {
   int shared_bytes = 0;       //!< dynamic shared memory per block (the bitmask of rows in cache_position, and the bulk-copy stages)
   int token_warps = 0;        //!< out-of-place: warps of each block doing token work; the others copy the caches
   bool bulk_copy = false;     //!< out-of-place: one warp per block copies the caches with the bulk-copy engine (sm_90+)
+  int token_parts = 1;        //!< warps sharing one token (a power of two): more when tokens are fewer than token warps
 };
 
 namespace detail {
@@ -122,6 +123,18 @@ BackwardArgs<T> make_args(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk,
   a.div_seq = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(p.seq_len, 1)));
   a.div_heads = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(p.heads, 1)));
   return a;
+}
+
+// log2 of the warps that share a token: as many as `token_warps` warps allow for `tokens` tokens (a
+// token's work then has fewer dependent instructions per lane), up to the most that leave no lane
+// without a head row chunk, and at most 8.
+inline int token_parts_log2(int64_t tokens, int64_t token_warps, int64_t heads, int64_t head_dim, int token_vec) {
+  const int64_t pairs = head_dim / 2 / token_vec;
+  int64_t slots = 1;
+  while (slots < 32 && slots < heads) slots *= 2;
+  int log2 = 0;
+  while (log2 < 3 && pairs * slots >= (int64_t{64} << log2) && tokens * (int64_t{2} << log2) <= token_warps) ++log2;
+  return log2;
 }
 
 // Blocks of `kernel` resident per SM at this block size; cached per kernel, device and shape since
@@ -213,7 +226,11 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   // One wave: never more blocks than fit on the device at once (the grid is persistent).
   const int64_t grid_max = int64_t{sms} * std::max(1, std::min(tune.blocks_per_sm, resident));
   const int64_t warps = plan.block / 32;
-  const int64_t token_blocks_max = (tokens + warps - 1) / warps;
+  const int token_vec = std::min(plan.vec_width, 4);  // kTokenVec
+  // Token work needing no copy role beside it (in-place, or no cache rows): split the tokens over
+  // as many warps as the device holds, then take the blocks that need.
+  const int64_t lone_parts = int64_t{1} << token_parts_log2(tokens, grid_max * warps, a.heads, a.head_dim, token_vec);
+  const int64_t token_blocks_max = (tokens * lone_parts + warps - 1) / warps;
   plan.grid = static_cast<int>(grid_max);
   bool speculate = false;
   if (plan.bulk_copy) {
@@ -247,9 +264,13 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     const int64_t token_blocks = (tokens + plan.token_warps - 1) / plan.token_warps;
     plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(copy_blocks, token_blocks), 1, grid_max));
   }
+  // The token warps the grid has, and so how many share a token.
+  const int64_t grid_token_warps = int64_t{plan.grid} * (a.in_place ? warps : plan.token_warps);
+  plan.token_parts = 1 << token_parts_log2(tokens, grid_token_warps, a.heads, a.head_dim, token_vec);
   BackwardArgs<T> args = a;
   args.token_warps = plan.token_warps;
   args.bulk = plan.bulk_copy;
+  args.token_parts_log2 = token_parts_log2(tokens, grid_token_warps, a.heads, a.head_dim, token_vec);
   args.bulk_speculate = speculate;
   args.bulk_stages = stages;
   args.bulk_slack = slack;

@@ -69,16 +69,18 @@ KVROPE_UNROLL
 template <int N, cub::CacheLoadModifier M = cub::LOAD_DEFAULT, typename T>
 __device__ __forceinline__ RopeChunk<N> load_chunk(const T* row, int64_t h, int64_t i0) {
   RopeChunk<N> c;
-  load_vec<M, T, N>(row + i0).to_float(c.lo);
-  load_vec<M, T, N>(row + h + i0).to_float(c.hi);
+  const T* p = row + i0;
+  load_vec<M, T, N>(p).to_float(c.lo);
+  load_vec<M, T, N>(p + h).to_float(c.hi);
   return c;
 }
 
 //! Rounds a chunk to T once and stores it at row + i0 and row + h + i0 (aligned as for load_chunk).
 template <cub::CacheStoreModifier M = cub::STORE_DEFAULT, int N, typename T>
 __device__ __forceinline__ void store_chunk(T* row, int64_t h, int64_t i0, const RopeChunk<N>& c) {
-  store_vec<M>(row + i0, Vec<T, N>::from_float(c.lo));
-  store_vec<M>(row + h + i0, Vec<T, N>::from_float(c.hi));
+  T* p = row + i0;
+  store_vec<M>(p, Vec<T, N>::from_float(c.lo));
+  store_vec<M>(p + h, Vec<T, N>::from_float(c.hi));
 }
 
 //! Sums `c` over groups of `lanes` consecutive lanes of a warp (lanes a power of two, at most 32):

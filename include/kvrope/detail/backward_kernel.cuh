@@ -59,32 +59,37 @@ struct RawChunk {
 
 template <cub::CacheLoadModifier M, int N, typename T>
 __device__ __forceinline__ RawChunk<T, N> load_raw(const T* row, int64_t h, int64_t i0) {
-  return RawChunk<T, N>{load_vec<M, T, N>(row + i0), load_vec<M, T, N>(row + h + i0)};
+  const T* p = row + i0;  // then p + h: the pair's two accesses share one address register
+  return RawChunk<T, N>{load_vec<M, T, N>(p), load_vec<M, T, N>(p + h)};
 }
 
 template <cub::CacheStoreModifier M, typename T, int N>
 __device__ __forceinline__ void store_raw(T* row, int64_t h, int64_t i0, const RawChunk<T, N>& c) {
-  store_vec<M>(row + i0, c.lo);
-  store_vec<M>(row + h + i0, c.hi);
+  T* p = row + i0;
+  store_vec<M>(p, c.lo);
+  store_vec<M>(p + h, c.hi);
 }
 
-// How a warp covers the head rows of one token. Each lane owns chunk pairs (N elements of the first
-// half and the N they pair with in the second half); the heads of one chunk sit in consecutive
-// lanes ("slots"), so the head sum is a butterfly over the low lane bits.
+// How the lanes of the warps that share a token ("parts", a power of two: the launch gives a token
+// several warps when tokens are fewer than warps) cover its head rows. Thread g of the token
+// (g = part x 32 + lane) owns chunk pairs c = g / slots, + per_step, ... (N elements of the first
+// half of a row and the N they pair with in the second half) of the heads j = slot, slot + slots, ...
+// with slot = g % slots. The slots of one chunk pair sit in consecutive lanes of one warp, so the
+// head sum is a reduction over the low lane bits and the warps of a token never synchronize.
 template <int kHeadDim, int kVec>
-struct WarpLayout {
-  int64_t half;     // h = D / 2
-  int pairs;        // chunk pairs per row: h / kVec
-  int slots;        // heads a warp covers at once: a power of two
-  int steps;        // chunk steps when a row has more than 32 pairs
+struct TokenLayout {
+  int64_t half;  // h = D / 2
+  int pairs;     // chunk pairs per row: h / kVec
+  int slots;     // heads covered at once: a power of two, at most 32 and at most H rounded up
+  int per_step;  // chunk pairs the token's warps cover at once: 32 x parts / slots
 
-  __device__ __forceinline__ explicit WarpLayout(int64_t head_dim) {
+  __host__ __device__ __forceinline__ TokenLayout(int64_t head_dim, int64_t heads, int parts) {
     const int64_t d = kHeadDim > 0 ? kHeadDim : head_dim;
     half = d / 2;
     pairs = static_cast<int>(half / kVec);
     slots = 1;
-    while (pairs * slots * 2 <= 32) slots *= 2;
-    steps = (pairs + 31) / 32;
+    while (slots < 32 && slots < heads && int64_t{pairs} * slots * 2 <= 32 * int64_t{parts}) slots *= 2;
+    per_step = 32 * parts / slots;
   }
 };
 
@@ -95,18 +100,67 @@ struct WarpLayout {
 template <typename T>
 inline constexpr int kTokenBatch = sizeof(T) == 4 ? 2 : 4;
 
-// All heads of token (b, t), whose cache row is r (-1: bad position, outputs zero). With zero_row,
+// Stores elements [offset, offset + L) of a lane's table gradients laid out as
+// [grad_cos lo | grad_cos hi | grad_sin lo | grad_sin hi] (N elements each) of its chunk pair, whose
+// first elements are at gcos / gsin (null: that table's gradient is not asked for).
+template <typename T, int N, int L>
+__device__ __forceinline__ void store_table_segment(T* gcos, T* gsin, int64_t h, const float (&x)[L], int offset) {
+  if constexpr (L >= N) {
+#pragma unroll
+    for (int q0 = 0; q0 < L; q0 += N) {
+      const int q = (offset + q0) / N;  // which of the four
+      T* row = q < 2 ? gcos : gsin;
+      if (row == nullptr) continue;
+      float part[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) part[i] = x[q0 + i];
+      store_vec<cub::STORE_CS>(row + ((q & 1) ? h : 0), Vec<T, N>::from_float(part));
+    }
+  } else {
+    const int q = offset / N;
+    T* row = q < 2 ? gcos : gsin;
+    if (row != nullptr) store_vec<cub::STORE_CS>(row + ((q & 1) ? h : 0) + offset % N, Vec<T, L>::from_float(x));
+  }
+}
+
+// The head sum of the table gradients over the `slots` lanes of a chunk pair, as a reduce-scatter:
+// at each step a lane keeps one half of its values, adds the other lane's copy of that half and
+// hands on the other half, so log2(slots) steps of L / 2, L / 4, ... shuffles leave each of the
+// slots lanes with a distinct 1 / slots of the sums, which it stores.
+template <typename T, int N, int L>
+__device__ __forceinline__ void head_sum_and_store(T* gcos, T* gsin, int64_t h, const float (&x)[L], int mask,
+                                                   int slots, int slot, int offset) {
+  if constexpr (L > 1) {
+    if (mask < slots) {
+      const bool upper = (slot & mask) != 0;
+      float y[L / 2];
+#pragma unroll
+      for (int i = 0; i < L / 2; ++i) {
+        const float give = upper ? x[i] : x[i + L / 2];
+        const float keep = upper ? x[i + L / 2] : x[i];
+        y[i] = keep + __shfl_xor_sync(0xffffffffu, give, mask);
+      }
+      head_sum_and_store<T, N, L / 2>(gcos, gsin, h, y, mask * 2, slots, slot, offset + (upper ? L / 2 : 0));
+      return;
+    }
+  }
+  store_table_segment<T, N, L>(gcos, gsin, h, x, offset);
+}
+
+// Part `part` of token (b, t), whose cache row is r (-1: bad position, outputs zero). With zero_row,
 // the rows r of gk_out / gv_out are zeroed after being read by the same lanes (in-place variant).
 template <typename T, int kHeadDim, int kVec>
-__device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const WarpLayout<kHeadDim, kVec>& w,
-                                              int64_t b, int64_t t, int64_t r, bool zero_row, int lane) {
+__device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& w,
+                                              int part, int64_t b, int64_t t, int64_t r, bool zero_row, int lane) {
   using V = Vec<T, kVec>;
   constexpr int kBatch = kTokenBatch<T>;
   const bool valid = r >= 0;
   const bool want_tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
-  const int slot = lane & (w.slots - 1);
-  for (int step = 0; step < w.steps; ++step) {
-    const int c = (w.slots > 1 ? lane / w.slots : lane) + step * 32;
+  const int g = part * 32 + lane;
+  const int slot = g & (w.slots - 1);
+#pragma unroll 1
+  for (int c0 = part * 32 / w.slots; c0 < w.pairs; c0 += w.per_step) {
+    const int c = c0 + lane / w.slots;
     const bool active = c < w.pairs;
     const int64_t i0 = int64_t{c} * kVec;
     RopeChunk<kVec> gcos = RopeChunk<kVec>::zeros(), gsin = RopeChunk<kVec>::zeros();
@@ -114,25 +168,26 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const Wa
       // The tables stay in T across the head loop and widen at each use: half the registers.
       const RawChunk<T, kVec> cs = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, t), w.half, i0);
       const RawChunk<T, kVec> sn = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, t), w.half, i0);
-      for (int64_t j0 = slot; j0 < a.heads; j0 += int64_t{kBatch} * w.slots) {
-        RawChunk<T, kVec> g[kBatch], v[kBatch], k[kBatch];
+#pragma unroll 1
+      for (int j0 = slot; j0 < a.heads; j0 += kBatch * w.slots) {
+        RawChunk<T, kVec> gr[kBatch], vr[kBatch], kr[kBatch];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-          const int64_t j = j0 + int64_t{u} * w.slots;
-          g[u] = v[u] = k[u] = RawChunk<T, kVec>{V::zeros(), V::zeros()};
+          const int j = j0 + u * w.slots;
+          gr[u] = vr[u] = kr[u] = RawChunk<T, kVec>{V::zeros(), V::zeros()};
           if (valid && j < a.heads) {
-            g[u] = load_raw<cub::LOAD_CS, kVec>(a.gk.row(b, j, r), w.half, i0);
-            v[u] = load_raw<cub::LOAD_CS, kVec>(a.gv.row(b, j, r), w.half, i0);
-            if (want_tables) k[u] = load_raw<cub::LOAD_CS, kVec>(a.key.row(b, j, t), w.half, i0);
+            gr[u] = load_raw<cub::LOAD_CS, kVec>(a.gk.row(b, j, r), w.half, i0);
+            vr[u] = load_raw<cub::LOAD_CS, kVec>(a.gv.row(b, j, r), w.half, i0);
+            if (want_tables) kr[u] = load_raw<cub::LOAD_CS, kVec>(a.key.row(b, j, t), w.half, i0);
           }
         }
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-          const int64_t j = j0 + int64_t{u} * w.slots;
+          const int j = j0 + u * w.slots;
           if (j >= a.heads) break;
-          const RopeChunk<kVec> gf = g[u].widen();
-          if (want_tables) accumulate_rope_table_grads(gf, k[u].widen(), gcos, gsin);
-          store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), w.half, i0, v[u]);
+          const RopeChunk<kVec> gf = gr[u].widen();
+          if (want_tables) accumulate_rope_table_grads(gf, kr[u].widen(), gcos, gsin);
+          store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), w.half, i0, vr[u]);
           store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), w.half, i0, rope_backward(gf, cs.widen(), sn.widen()));
           if (zero_row && valid) {
             const RawChunk<T, kVec> zero{V::zeros(), V::zeros()};
@@ -143,21 +198,26 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const Wa
       }
     }
     if (want_tables) {
-      sum_across_lanes(gcos, w.slots);
-      sum_across_lanes(gsin, w.slots);
-      if (active && slot == 0) {
-        if (a.grad_cos.data) store_chunk<cub::STORE_CS>(a.grad_cos.row(b, t), w.half, i0, gcos);
-        if (a.grad_sin.data) store_chunk<cub::STORE_CS>(a.grad_sin.row(b, t), w.half, i0, gsin);
+      float x[4 * kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        x[i] = gcos.lo[i];
+        x[kVec + i] = gcos.hi[i];
+        x[2 * kVec + i] = gsin.lo[i];
+        x[3 * kVec + i] = gsin.hi[i];
       }
+      T* gcos_row = active && a.grad_cos.data ? a.grad_cos.row(b, t) + i0 : nullptr;
+      T* gsin_row = active && a.grad_sin.data ? a.grad_sin.row(b, t) + i0 : nullptr;
+      head_sum_and_store<T, kVec, 4 * kVec>(gcos_row, gsin_row, w.half, x, 1, w.slots, slot, 0);
     }
   }
 }
 
-// In-place with repeated positions: the warp of the first token writing row r handles every token
-// of that row in order and zeroes the row after the last, so no read can follow the zeroing.
+// In-place with repeated positions: the warps of the first token writing row r handle every token
+// of that row in order and zero the row after the last, so no read can follow the zeroing.
 template <typename T, int kHeadDim, int kVec>
-__device__ void process_row_group(const BackwardArgs<T>& a, const WarpLayout<kHeadDim, kVec>& w, int64_t b,
-                                  int64_t t, int64_t r, int lane) {
+__device__ void process_row_group(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& w, int part,
+                                  int64_t b, int64_t t, int64_t r, int lane) {
   for (int64_t base = 0; base < t; base += 32) {
     const int64_t i = base + lane;
     if (__any_sync(0xffffffffu, i < t && cache_row(a, i) == r)) return;  // not the first: skipped
@@ -172,7 +232,7 @@ __device__ void process_row_group(const BackwardArgs<T>& a, const WarpLayout<kHe
         break;
       }
     }
-    process_token(a, w, b, cur, r, next < 0, lane);
+    process_token(a, w, part, b, cur, r, next < 0, lane);
     cur = next;
   }
 }
@@ -229,41 +289,44 @@ __device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int6
   }
 }
 
-// A token warp's next token: its index, (b, t) and cache row (-1: bad position or none left).
+// A token warp's next work item: a part of a token (its index, (b, t), the cache row: -1 for a bad
+// position or none left).
 struct TokenCursor {
-  int64_t tok, b, t, r;
+  int64_t item, b, t, r;
+  int part;
 };
 
-// Warp `warp` of `warps` starts at token `warp`. Called before the block builds its bitmask, so the
-// first position's load overlaps that of the bitmask.
+// Item `item` of the token work: part item % parts of token item / parts. Called for a warp's first
+// item before the block builds its bitmask, so the first position's load overlaps that of the bitmask.
 template <typename T>
-__device__ __forceinline__ TokenCursor first_token(const BackwardArgs<T>& a, int64_t warp) {
-  TokenCursor c{warp, 0, 0, -1};
-  if (warp < a.batch * a.seq_len) {
+__device__ __forceinline__ TokenCursor first_token(const BackwardArgs<T>& a, int64_t item) {
+  TokenCursor c{item, 0, 0, -1, static_cast<int>(item & ((int64_t{1} << a.token_parts_log2) - 1))};
+  const int64_t tok = item >> a.token_parts_log2;
+  if (tok < a.batch * a.seq_len) {
     uint64_t t = 0;
-    c.b = static_cast<int64_t>(a.div_seq.divmod(static_cast<uint64_t>(warp), t));
+    c.b = static_cast<int64_t>(a.div_seq.divmod(static_cast<uint64_t>(tok), t));
     c.t = static_cast<int64_t>(t);
     c.r = cache_row(a, c.t);
   }
   return c;
 }
 
-// Warp w of `warps` handles tokens w, w + warps, ...; with `zero_rows` (in-place) each zeroes its row
-// after reading it, or, when rows repeat, the first token of a row handles all of them. The next
-// token's position is loaded before the current token's rows, so its latency is hidden.
+// Warp w of `warps` handles items w, w + warps, ...; with `zero_rows` (in-place) each zeroes its part
+// of the row after reading it, or, when rows repeat, the first token of a row handles all of them.
+// The next item's position is loaded before the current item's rows, so its latency is hidden.
 template <typename T, int kHeadDim, int kVec>
-__device__ void token_work(const BackwardArgs<T>& a, const WarpLayout<kHeadDim, kVec>& layout, TokenCursor next,
+__device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout, TokenCursor next,
                            int64_t warps, bool zero_rows, bool repeats) {
   const int lane = threadIdx.x & 31;
-  const int64_t tokens = a.batch * a.seq_len;
-  while (next.tok < tokens) {
+  const int64_t items = (a.batch * a.seq_len) << a.token_parts_log2;
+  while (next.item < items) {
     const TokenCursor cur = next;
-    next = first_token(a, cur.tok + warps);
-    if (cur.r < 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
+    next = first_token(a, cur.item + warps);
+    if (cur.r < 0 && cur.part == 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
     if (zero_rows && repeats && cur.r >= 0) {
-      process_row_group(a, layout, cur.b, cur.t, cur.r, lane);
+      process_row_group(a, layout, cur.part, cur.b, cur.t, cur.r, lane);
     } else {
-      process_token(a, layout, cur.b, cur.t, cur.r, zero_rows, lane);
+      process_token(a, layout, cur.part, cur.b, cur.t, cur.r, zero_rows, lane);
     }
   }
 }
@@ -312,7 +375,7 @@ template <typename T, int kHeadDim, int kVec>
 __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const BackwardArgs<T> a) {
   extern __shared__ __align__(kBulkAlign) uint32_t mask[];
   __shared__ int repeats;
-  const WarpLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim);
+  const TokenLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
   const int warps_per_block = blockDim.x / 32;
   const int warp_in_block = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
@@ -327,8 +390,8 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   if (token_warp) cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
 #if KVROPE_HAS_BULK_COPY
   BulkRing ring{reinterpret_cast<unsigned char*>(mask) + bulk_ring_offset(mask_bytes(a.window_rows)), nullptr,
-                a.bulk_stages, a.bulk_slack, 0};
-  ring.bars = reinterpret_cast<uint64_t*>(ring.stages + int64_t{ring.count} * kBulkStageBytes);
+                a.bulk_stages, a.bulk_slack, 0, 0u};
+  ring.bars = reinterpret_cast<uint64_t*>(ring.stage(ring.count));
   const bool bulk_warp = a.bulk && !token_warp;
   int64_t prefetched = 0;
   if (bulk_warp) {
@@ -336,7 +399,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     const BulkWindow w = bulk_window(a, row_window(a, 0));
     const BulkRange range = bulk_range(w, blockIdx.x, gridDim.x);
     if (a.bulk_speculate && range.begin < range.end) {
-      bulk_load_chunk(a, mask, w, BulkCursor::at(w, range.begin), ring.stages, ring.bars, false, lane);
+      bulk_load_chunk(a, mask, w, BulkCursor::at(w, range.begin), ring.stage(ring.next), ring.bars + ring.next, false, lane);
       prefetched = 1;
     }
   }

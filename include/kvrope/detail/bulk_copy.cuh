@@ -116,14 +116,19 @@ __device__ __forceinline__ uint32_t marked_rows(const uint32_t* mask, const Bulk
   return __reduce_add_sync(0xffffffffu, marked);
 }
 
-//! The ring of stages of the copy warp and the number of chunks it has gone through (the stage of
-//! chunk use n is n % count, its barrier's phase parity (n / count) & 1). `slack`: how many chunk
-//! stores may still be reading their stage when the oldest stage is refilled (1 <= slack < count).
+//! The ring of stages of the copy warp: `next` is the stage the next chunk goes through, and bit s
+//! of `phases` the parity stage s's barrier completes next (each use of a stage completes one phase).
+//! `slack`: how many chunk stores may still be reading their stage when the oldest stage is refilled
+//! (1 <= slack < count). Stepped by increments only: no division on the single warp's path.
 struct BulkRing {
   unsigned char* stages;
   uint64_t* bars;
   int count, slack;
-  uint64_t uses;
+  int next;
+  uint32_t phases;
+
+  __host__ __device__ __forceinline__ int after(int s) const { return s + 1 == count ? 0 : s + 1; }
+  __host__ __device__ __forceinline__ unsigned char* stage(int s) const { return stages + int64_t{s} * kBulkStageBytes; }
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -230,28 +235,31 @@ __device__ void bulk_copy_window(const BackwardArgs<T>& a, const uint32_t* mask,
                                  BulkRing& ring, const BulkRange& range, int64_t prefetched, int lane) {
   const int64_t mine = range.end - range.begin;
   if (mine <= 0) return;
-  auto stage_of = [&](int64_t i) { return ring.stages + ((ring.uses + i) % ring.count) * kBulkStageBytes; };
-  auto bar_of = [&](int64_t i) { return ring.bars + (ring.uses + i) % ring.count; };
   BulkCursor load = BulkCursor::at(w, range.begin), store = load;
+  int load_stage = ring.next, store_stage = ring.next;
   int64_t loaded = 0;  // chunks whose load was issued: load is at chunk `loaded`
-  for (; loaded < mine && loaded < ring.count; ++loaded, load.next(w))
-    if (loaded >= prefetched) bulk_load_chunk(a, mask, w, load, stage_of(loaded), bar_of(loaded), true, lane);
+  for (; loaded < mine && loaded < ring.count; ++loaded, load.next(w), load_stage = ring.after(load_stage))
+    if (loaded >= prefetched)
+      bulk_load_chunk(a, mask, w, load, ring.stage(load_stage), ring.bars + load_stage, true, lane);
   for (int64_t i = 0; i < mine; ++i, store.next(w)) {
-    const uint32_t parity = static_cast<uint32_t>((ring.uses + i) / ring.count) & 1u;
-    while (!cuda::ptx::mbarrier_try_wait_parity(bar_of(i), parity)) {
+    const uint32_t parity = (ring.phases >> store_stage) & 1u;
+    while (!cuda::ptx::mbarrier_try_wait_parity(ring.bars + store_stage, parity)) {
     }
-    bulk_store_chunk(a, mask, w, store, stage_of(i), lane);
+    ring.phases ^= 1u << store_stage;
+    bulk_store_chunk(a, mask, w, store, ring.stage(store_stage), lane);
+    store_stage = ring.after(store_stage);
     if (i - ring.slack + 1 >= 0 && loaded < mine) {  // refill the stage of chunk loaded - count
       bulk_wait_reads(ring.slack - 1);
       __syncwarp();
-      bulk_load_chunk(a, mask, w, load, stage_of(loaded), bar_of(loaded), true, lane);
+      bulk_load_chunk(a, mask, w, load, ring.stage(load_stage), ring.bars + load_stage, true, lane);
       ++loaded;
       load.next(w);
+      load_stage = ring.after(load_stage);
     }
   }
   bulk_wait_reads(0);  // the stages are free again
   __syncwarp();
-  ring.uses += static_cast<uint64_t>(mine);
+  ring.next = store_stage;  // every chunk loaded was stored: load_stage == store_stage
 }
 
 //! Before the copy warp exits: every bulk store complete.
