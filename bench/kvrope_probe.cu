@@ -4,10 +4,13 @@
 //
 //   kvrope_probe B S S_max [variant=fused|inplace] [launches=3] [H=8] [D=128]
 //   ncu --cache-control all -k regex:backward_kernel build/bench/kvrope_probe 1 691 2048
+// kvrope_probe_trace is the same program built with -DKVROPE_TRACE: L2 flushed before each launch,
+// it prints when the warps of each role started, had their bitmask and finished (global timer).
 #include <kvrope/kvrope.cuh>
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -88,14 +91,28 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "plan: %s (%s)\n", kvrope::to_string(planned.code), planned.field ? planned.field : "");
     return 1;
   }
-  std::printf("B %lld S %lld S_max %lld H %lld D %lld %s: grid %d block %d shared %d token_warps %d bulk %d\n",
+  std::printf("B %lld S %lld S_max %lld H %lld D %lld %s: grid %d block %d shared %d token_warps %d parts %d bulk %d"
+              " chunk_rows %d\n",
               static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(L),
               static_cast<long long>(H), static_cast<long long>(D), in_place ? "inplace" : "fused", plan.grid,
-              plan.block, plan.shared_bytes, plan.token_warps, static_cast<int>(plan.bulk_copy));
+              plan.block, plan.shared_bytes, plan.token_warps, plan.token_parts, static_cast<int>(plan.bulk_copy),
+              plan.bulk_chunk_rows);
   cudaEvent_t start, stop;
   PROBE_CHECK(cudaEventCreate(&start));
   PROBE_CHECK(cudaEventCreate(&stop));
+#ifdef KVROPE_TRACE
+  int l2 = 0;
+  PROBE_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  void* flush = nullptr;
+  PROBE_CHECK(cudaMalloc(&flush, 2 * size_t(l2)));
+#endif
   for (int i = 0; i < launches; ++i) {
+#ifdef KVROPE_TRACE
+    static unsigned long long zeros[kvrope::detail::kTraceWarps][4];
+    PROBE_CHECK(cudaMemcpyToSymbol(kvrope::detail::kvrope_trace, zeros, sizeof(zeros)));
+    PROBE_CHECK(cudaMemset(flush, i, 2 * size_t(l2)));
+    PROBE_CHECK(cudaDeviceSynchronize());
+#endif
     PROBE_CHECK(cudaEventRecord(start));
     const kvrope::Status s = in_place ? kvrope::kv_cache_rope_backward(ip) : kvrope::kv_cache_rope_backward(op);
     PROBE_CHECK(cudaEventRecord(stop));
@@ -106,7 +123,29 @@ int main(int argc, char** argv) {
     }
     float ms = 0;
     PROBE_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    std::printf("launch %d: %.2f us (events, L2 not flushed)\n", i, ms * 1000.0f);
+    std::printf("launch %d: %.2f us (events)\n", i, ms * 1000.0f);
+#ifdef KVROPE_TRACE
+    static unsigned long long trace[kvrope::detail::kTraceWarps][4];
+    PROBE_CHECK(cudaMemcpyFromSymbol(trace, kvrope::detail::kvrope_trace, sizeof(trace)));
+    unsigned long long t0 = ~0ull;
+    for (auto& w : trace)
+      if (w[0]) t0 = std::min(t0, w[0]);
+    for (int role = 1; role <= 2; ++role) {
+      std::vector<double> ev[3];
+      for (auto& w : trace)
+        if (w[3] == static_cast<unsigned long long>(role))
+          for (int e = 0; e < 3; ++e) ev[e].push_back(w[e] ? (w[e] - t0) / 1000.0 : -1.0);
+      if (ev[0].empty()) continue;
+      std::printf("  %s warps %zu:", role == 1 ? "token" : "copy", ev[0].size());
+      const char* names[3] = {"entry", "mask", "done"};
+      for (int e = 0; e < 3; ++e) {
+        std::sort(ev[e].begin(), ev[e].end());
+        std::printf("  %s min %.2f p50 %.2f p90 %.2f max %.2f", names[e], ev[e].front(), ev[e][ev[e].size() / 2],
+                    ev[e][ev[e].size() * 9 / 10], ev[e].back());
+      }
+      std::printf(" (us after the first warp's entry)\n");
+    }
+#endif
   }
   for (T* p : bufs) PROBE_CHECK(cudaFree(p));
   PROBE_CHECK(cudaFree(pos));

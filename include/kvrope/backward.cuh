@@ -36,6 +36,7 @@ struct BackwardPlan {
   int token_warps = 0;        //!< out-of-place: warps of each block doing token work; the others copy the caches
   bool bulk_copy = false;     //!< out-of-place: one warp per block copies the caches with the bulk-copy engine (sm_90+)
   int token_parts = 1;        //!< warps sharing one token (a power of two): more when tokens are fewer than token warps
+  int bulk_chunk_rows = 0;    //!< with bulk_copy: cache rows per chunk of the copy (fewer than a 32 KiB stage holds for small caches)
 };
 
 namespace detail {
@@ -233,10 +234,20 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t token_blocks_max = (tokens * lone_parts + warps - 1) / warps;
   plan.grid = static_cast<int>(grid_max);
   bool speculate = false;
+  int chunk_rows = 0;
   if (plan.bulk_copy) {
     // One copy warp per block, all others token warps; enough blocks for either role.
     plan.token_warps = static_cast<int>(warps - 1);
-    const int64_t chunks = bulk_window(a, row_window(a, 0)).total;
+    // Small caches: chunks of fewer rows (down to 4 KiB), so that the copy spreads over every SM with
+    // several chunks in each block's ring (kMinBulkChunksPerBlock).
+    BackwardArgs<T> sized = a;
+    sized.bulk_chunk_rows = static_cast<int>(kBulkStageBytes / row_bytes);
+    while (sized.bulk_chunk_rows % 2 == 0 && sized.bulk_chunk_rows * row_bytes >= 2 * kMinBulkChunkBytes &&
+           bulk_window(sized, row_window(sized, 0)).total < kMinBulkChunksPerBlock * grid_max)
+      sized.bulk_chunk_rows /= 2;
+    chunk_rows = sized.bulk_chunk_rows;
+    plan.bulk_chunk_rows = chunk_rows;
+    const int64_t chunks = bulk_window(sized, row_window(sized, 0)).total;
     const int64_t token_blocks = (tokens + plan.token_warps - 1) / plan.token_warps;
     plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(chunks, token_blocks), 1, grid_max));
     // Small caches (a few chunks per block): the first chunk's load need not wait for the bitmask.
@@ -274,6 +285,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.bulk_speculate = speculate;
   args.bulk_stages = stages;
   args.bulk_slack = slack;
+  args.bulk_chunk_rows = chunk_rows;
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
 

@@ -15,8 +15,9 @@ using kvrope::detail::BulkWindow;
 namespace {
 
 BackwardArgs<__nv_bfloat16> args(int64_t batch, int64_t heads, int64_t cache_len, int64_t head_dim,
-                                 int64_t window_rows) {
+                                 int64_t window_rows, int chunk_rows) {
   BackwardArgs<__nv_bfloat16> a{};
+  a.bulk_chunk_rows = chunk_rows;
   a.batch = batch;
   a.heads = heads;
   a.cache_len = cache_len;
@@ -48,17 +49,21 @@ TEST_CASE("the cursor walks every block's range exactly as the plain decoding nu
           "[host][bulk]") {
   struct Shape {
     int64_t batch, heads, cache_len, head_dim, window_rows;
+    int chunk_rows;  // asked for (0: a full stage)
   };
-  // D = 128 bf16: 128 rows a 32 KiB chunk; D = 48: 341 rows; windows cut long caches.
-  const Shape shapes[] = {{1, 8, 256, 128, 256},   {32, 8, 2048, 128, 2048}, {3, 5, 33, 48, 64},
-                          {2, 1, 1000, 128, 256},  {1, 64, 129, 128, 160},   {70, 1, 2, 64, 32},
-                          {4, 1, 70000, 128, 65536}};
+  // D = 128 bf16: 128 rows a 32 KiB chunk; D = 48: 341 rows; windows cut long caches; small caches
+  // get chunks of fewer rows.
+  const Shape shapes[] = {{1, 8, 256, 128, 256, 0},   {32, 8, 2048, 128, 2048, 0}, {3, 5, 33, 48, 64, 0},
+                          {2, 1, 1000, 128, 256, 0},  {1, 64, 129, 128, 160, 0},   {70, 1, 2, 64, 32, 0},
+                          {4, 1, 70000, 128, 65536, 0}, {1, 8, 256, 128, 256, 16},  {2, 3, 1000, 128, 1024, 32},
+                          {3, 5, 33, 48, 64, 8},      {1, 2, 100, 128, 128, 1000}};
   for (const Shape& sh : shapes) {
-    const auto a = args(sh.batch, sh.heads, sh.cache_len, sh.head_dim, sh.window_rows);
+    const auto a = args(sh.batch, sh.heads, sh.cache_len, sh.head_dim, sh.window_rows, sh.chunk_rows);
+    const int64_t stage_rows = kvrope::detail::kBulkStageBytes / (sh.head_dim * 2);
     const int64_t windows = (sh.cache_len + sh.window_rows - 1) / sh.window_rows;
     for (int64_t win = 0; win < windows; ++win) {
       const BulkWindow w = kvrope::detail::bulk_window(a, kvrope::detail::row_window(a, win));
-      REQUIRE(w.rows_per_chunk == kvrope::detail::kBulkStageBytes / (sh.head_dim * 2));
+      REQUIRE(w.rows_per_chunk == (sh.chunk_rows > 0 && sh.chunk_rows < stage_rows ? sh.chunk_rows : stage_rows));
       REQUIRE(w.total == 2 * sh.batch * sh.heads * w.per_slab);
       for (int64_t blocks : {1, 7, 132, 1000}) {
         std::vector<int> seen(static_cast<size_t>(w.total), 0);

@@ -30,6 +30,7 @@ struct BackwardArgs {
   bool bulk_speculate;  // with bulk: each block loads its first chunk before the bitmask is built
   int bulk_stages;      // with bulk: stages of the shared-memory ring
   int bulk_slack;       // with bulk: chunk stores that may still read their stage when one is refilled
+  int bulk_chunk_rows;  // with bulk: cache rows a chunk has at most (0: as many as a stage holds)
   FastDivmod div_seq;   // token index -> (b, t)
   FastDivmod div_heads;
 };

@@ -35,6 +35,27 @@ inline constexpr int64_t kMaxSharedBytes = bulk_ring_offset(mask_bytes(kMaxWindo
 //! Bulk copy: blocks load their first chunk before the bitmask when the window has at most this many
 //! chunks per block.
 inline constexpr int64_t kSpeculateChunksPerBlock = 8;
+//! Bulk copy of a small cache: chunks are halved (not below kMinBulkChunkBytes) until the grid's
+//! blocks could have this many each.
+inline constexpr int64_t kMinBulkChunksPerBlock = 4;
+inline constexpr int64_t kMinBulkChunkBytes = 4096;
+
+// Diagnostics (bench/kvrope_probe, never in a library build): with -DKVROPE_TRACE, lane 0 of every
+// warp of the first kTraceWarps writes the global timer (ns) at its milestones: kernel entry, the
+// first bitmask built, its work done; [3] says the warp's role (1 token, 2 copy).
+#ifdef KVROPE_TRACE
+inline constexpr int kTraceWarps = 4096;
+__device__ unsigned long long kvrope_trace[kTraceWarps][4];
+__device__ __forceinline__ void trace_at(int event, unsigned long long value) {
+  const int warp = static_cast<int>(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
+  if ((threadIdx.x & 31) != 0 || warp >= kTraceWarps) return;
+  if (event < 3) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(value));
+  kvrope_trace[warp][event] = value;
+}
+#define KVROPE_TRACE_AT(event, value) ::kvrope::detail::trace_at(event, value)
+#else
+#define KVROPE_TRACE_AT(event, value) ((void)0)
+#endif
 
 // The row of the cache token t was written to, or -1 when its position is out of range.
 template <typename T>
@@ -126,7 +147,8 @@ __device__ __forceinline__ void store_table_segment(T* gcos, T* gsin, int64_t h,
 // The head sum of the table gradients over the `slots` lanes of a chunk pair, as a reduce-scatter:
 // at each step a lane keeps one half of its values, adds the other lane's copy of that half and
 // hands on the other half, so log2(slots) steps of L / 2, L / 4, ... shuffles leave each of the
-// slots lanes with a distinct 1 / slots of the sums, which it stores.
+// slots lanes with a distinct 1 / slots of the sums, which it stores (`mask`: the slot bit of this
+// step; the lanes' slot bits below it chose the segment `offset` of the values x they hold).
 template <typename T, int N, int L>
 __device__ __forceinline__ void head_sum_and_store(T* gcos, T* gsin, int64_t h, const float (&x)[L], int mask,
                                                    int slots, int slot, int offset) {
@@ -144,7 +166,16 @@ __device__ __forceinline__ void head_sum_and_store(T* gcos, T* gsin, int64_t h, 
       return;
     }
   }
-  store_table_segment<T, N, L>(gcos, gsin, h, x, offset);
+  // One value left but slots not yet all summed (more slots than values: the scalar path, or
+  // D = 2): the remaining slot bits are a plain butterfly, and the lanes with those bits clear store.
+  float z[L];
+#pragma unroll
+  for (int i = 0; i < L; ++i) z[i] = x[i];
+  for (int m = mask; m < slots; m <<= 1) {
+#pragma unroll
+    for (int i = 0; i < L; ++i) z[i] += __shfl_xor_sync(0xffffffffu, z[i], m);
+  }
+  if (slot < mask) store_table_segment<T, N, L>(gcos, gsin, h, z, offset);
 }
 
 // Part `part` of token (b, t), whose cache row is r (-1: bad position, outputs zero). With zero_row,
@@ -375,6 +406,7 @@ template <typename T, int kHeadDim, int kVec>
 __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const BackwardArgs<T> a) {
   extern __shared__ __align__(kBulkAlign) uint32_t mask[];
   __shared__ int repeats;
+  KVROPE_TRACE_AT(0, 0);
   const TokenLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
   const int warps_per_block = blockDim.x / 32;
   const int warp_in_block = threadIdx.x / 32;
@@ -411,6 +443,8 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   __syncthreads();
   build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, blockDim.x, &repeats);
   __syncthreads();
+  KVROPE_TRACE_AT(1, 0);
+  KVROPE_TRACE_AT(3, token_warp ? 1 : 2);
 
   if (a.in_place) {
     // Only whether a row repeats matters here; later windows are scanned until one does.
@@ -422,10 +456,12 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
       __syncthreads();
     }
     token_work(a, layout, cursor, token_warps, true, repeats != 0);
+    KVROPE_TRACE_AT(2, 0);
     return;
   }
   if (token_warp) {
     token_work(a, layout, cursor, token_warps, false, false);
+    KVROPE_TRACE_AT(2, 0);
     return;
   }
   const int copy_threads = blockDim.x - a.token_warps * 32;
@@ -439,6 +475,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
       bulk_copy_window(a, mask, w, ring, bulk_range(w, blockIdx.x, gridDim.x), win == 0 ? prefetched : 0, lane);
     }
     bulk_drain();
+    KVROPE_TRACE_AT(2, 0);
     return;
   }
 #endif
@@ -449,6 +486,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     if (win > 0) copy_warps_mask(a, mask, rows, copy_thread, copy_threads, &repeats);
     copy_window<T, kHeadDim, kVec>(a, mask, rows.w0, rows.wlen, thread, threads);
   }
+  KVROPE_TRACE_AT(2, 0);
 }
 
 }  // namespace kvrope::detail

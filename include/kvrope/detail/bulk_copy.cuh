@@ -43,7 +43,9 @@ __host__ __device__ __forceinline__ RowWindow row_window(const BackwardArgs<T>& 
 }
 
 //! The chunks of one bitmask window [w0, w0 + wlen): for every (cache, b, head), ceil(wlen / rows)
-//! chunks of up to rows_per_chunk consecutive rows, numbered cache-major, then b, head, rows.
+//! chunks of up to rows_per_chunk consecutive rows, numbered cache-major, then b, head, rows. A chunk
+//! fills a stage (32 KiB) unless the launch asks for fewer rows (BackwardArgs::bulk_chunk_rows: small
+//! caches, so that every block gets several chunks).
 struct BulkWindow {
   int64_t w0, wlen, rows_per_chunk, per_slab, total, heads, batch;
 };
@@ -97,8 +99,9 @@ __host__ __device__ __forceinline__ BulkRange bulk_range(const BulkWindow& w, in
 
 template <typename T>
 __host__ __device__ __forceinline__ BulkWindow bulk_window(const BackwardArgs<T>& a, const RowWindow& rows) {
-  const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
-  BulkWindow w{rows.w0, rows.wlen, kBulkStageBytes / row_bytes, 0, 0, a.heads, a.batch};
+  const int64_t stage_rows = kBulkStageBytes / (a.head_dim * int64_t{sizeof(T)});
+  const int64_t chunk_rows = a.bulk_chunk_rows > 0 && a.bulk_chunk_rows < stage_rows ? a.bulk_chunk_rows : stage_rows;
+  BulkWindow w{rows.w0, rows.wlen, chunk_rows, 0, 0, a.heads, a.batch};
   w.per_slab = (rows.wlen + w.rows_per_chunk - 1) / w.rows_per_chunk;
   w.total = 2 * a.batch * a.heads * w.per_slab;
   return w;
