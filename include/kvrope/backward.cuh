@@ -239,11 +239,11 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     // One copy warp per block, all others token warps; enough blocks for either role.
     plan.token_warps = static_cast<int>(warps - 1);
     // Small caches: chunks of fewer rows (down to 4 KiB), so that the copy spreads over every SM with
-    // several chunks in each block's ring (kMinBulkChunksPerBlock).
+    // several chunks in each block's ring (LaunchTuning::bulk_min_chunks_per_block).
     BackwardArgs<T> sized = a;
     sized.bulk_chunk_rows = static_cast<int>(kBulkStageBytes / row_bytes);
     while (sized.bulk_chunk_rows % 2 == 0 && sized.bulk_chunk_rows * row_bytes >= 2 * kMinBulkChunkBytes &&
-           bulk_window(sized, row_window(sized, 0)).total < kMinBulkChunksPerBlock * grid_max)
+           bulk_window(sized, row_window(sized, 0)).total < int64_t{tune.bulk_min_chunks_per_block} * grid_max)
       sized.bulk_chunk_rows /= 2;
     chunk_rows = sized.bulk_chunk_rows;
     plan.bulk_chunk_rows = chunk_rows;

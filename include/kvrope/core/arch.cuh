@@ -21,6 +21,9 @@ struct LaunchTuning {
   //! Out-of-place: copy the caches with the bulk-copy engine where it can (sm_90+, 16-byte aligned
   //! rows); false: copy warps move them through registers, split by token_warp_weight.
   bool bulk_copy = true;
+  //! With the bulk copy: small caches are cut into chunks of fewer rows (halving down to 4 KiB) until
+  //! the grid's blocks have at least this many chunks each; 0 keeps every chunk a full 32 KiB stage.
+  int bulk_min_chunks_per_block = 4;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the

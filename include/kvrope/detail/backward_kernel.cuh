@@ -35,9 +35,8 @@ inline constexpr int64_t kMaxSharedBytes = bulk_ring_offset(mask_bytes(kMaxWindo
 //! Bulk copy: blocks load their first chunk before the bitmask when the window has at most this many
 //! chunks per block.
 inline constexpr int64_t kSpeculateChunksPerBlock = 8;
-//! Bulk copy of a small cache: chunks are halved (not below kMinBulkChunkBytes) until the grid's
-//! blocks could have this many each.
-inline constexpr int64_t kMinBulkChunksPerBlock = 4;
+//! Bulk copy of a small cache: chunks are halved down to this size at the least
+//! (LaunchTuning::bulk_min_chunks_per_block).
 inline constexpr int64_t kMinBulkChunkBytes = 4096;
 
 // Diagnostics (bench/kvrope_probe, never in a library build): with -DKVROPE_TRACE, lane 0 of every
@@ -367,11 +366,20 @@ __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim,
 template <typename T>
 __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0, int64_t wlen, int thread,
                            int threads, int* repeats) {
-  for (int64_t t = thread; t < a.seq_len; t += threads) {
-    const int64_t r = cache_row(a, t);
-    if (r >= w0 && r < w0 + wlen) {
-      const uint32_t bit = 1u << ((r - w0) & 31);
-      if (atomicOr(&mask[(r - w0) >> 5], bit) & bit) atomicOr(repeats, 1);
+  constexpr int kLoads = 4;  // positions loaded together before their atomics: one round trip for 4
+  for (int64_t t0 = thread; t0 < a.seq_len; t0 += kLoads * int64_t{threads}) {
+    int64_t r[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t t = t0 + u * int64_t{threads};
+      r[u] = t < a.seq_len ? cache_row(a, t) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      if (r[u] >= w0 && r[u] < w0 + wlen) {
+        const uint32_t bit = 1u << ((r[u] - w0) & 31);
+        if (atomicOr(&mask[(r[u] - w0) >> 5], bit) & bit) atomicOr(repeats, 1);
+      }
     }
   }
 }
@@ -430,19 +438,28 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     bulk_ring_init(ring, lane);
     const BulkWindow w = bulk_window(a, row_window(a, 0));
     const BulkRange range = bulk_range(w, blockIdx.x, gridDim.x);
-    if (a.bulk_speculate && range.begin < range.end) {
-      bulk_load_chunk(a, mask, w, BulkCursor::at(w, range.begin), ring.stage(ring.next), ring.bars + ring.next, false, lane);
-      prefetched = 1;
+    if (a.bulk_speculate) {  // as many of the block's chunks as the ring holds
+      BulkCursor c = BulkCursor::at(w, range.begin);
+      for (; prefetched < range.end - range.begin && prefetched < ring.count; ++prefetched, c.next(w))
+        bulk_load_chunk(a, mask, w, c, ring.stage(static_cast<int>(prefetched)),
+                        ring.bars + prefetched, false, lane);
     }
   }
 #endif
 
-  // The first window's bitmask, built by the whole block.
+  // The first window's bitmask, built by the whole block. Out-of-place, only the copy warps use it:
+  // the token warps add their share and go on without waiting for the others (barrier 2).
   if (threadIdx.x == 0) repeats = 0;
   for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
   __syncthreads();
   build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, blockDim.x, &repeats);
-  __syncthreads();
+  if (a.in_place) {
+    __syncthreads();
+  } else if (token_warp) {
+    asm volatile("bar.arrive 2, %0;" ::"r"(blockDim.x) : "memory");
+  } else {
+    asm volatile("bar.sync 2, %0;" ::"r"(blockDim.x) : "memory");
+  }
   KVROPE_TRACE_AT(1, 0);
   KVROPE_TRACE_AT(3, token_warp ? 1 : 2);
 

@@ -183,33 +183,44 @@ __device__ __forceinline__ void bulk_load_chunk(const BackwardArgs<T>& a, const 
       bulk_load(stage + r * row_bytes, src.row(c.b, c.j, c.r0 + r), row_bytes, bar);
 }
 
-// Writes the loaded chunk to gk_out / gv_out, with zeros in the rows marked in the mask.
+// Writes zeros to `bytes` bytes at `out` (16-byte aligned, a multiple of 16) from the warp's registers.
+__device__ __forceinline__ void zero_run(void* out, int64_t bytes, int lane) {
+  uint4* p = static_cast<uint4*>(out);
+  const int64_t units = bytes / 16;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll 4
+  for (int64_t u = lane; u < units; u += 32) __stcs(p + u, zero);
+}
+
+// Writes the loaded chunk to gk_out / gv_out, and zeros to its rows marked in the mask. The zeros go
+// from registers straight to global memory: the stage is never written by the warp, so no proxy fence
+// orders its writes before the bulk engine's reads (v3.1 zero-filled the stage and fenced, which held
+// the warp for a memory round trip per such chunk: docs/perf-notes.md, v4). The rows loaded go with
+// bulk stores: one for the whole chunk when no row is marked and the rows are consecutive.
 template <typename T>
 __device__ __forceinline__ void bulk_store_chunk(const BackwardArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
                                                  const BulkCursor& c, unsigned char* stage, int lane) {
   const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
   const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
-  bool zeros = false;
-  for (int64_t r = lane; r < c.n; r += 32) {  // each lane zero-fills its own marked rows
-    if (!row_marked(mask, c.r0 - w.w0 + r)) continue;
-    zeros = true;
-    uint4* row = reinterpret_cast<uint4*>(stage + r * row_bytes);
-    for (int64_t i = 0; i < row_bytes / 16; ++i) row[i] = make_uint4(0, 0, 0, 0);
-  }
-  // The zeros (generic proxy) before the bulk engine (async proxy) reads the stage; only then, as
-  // the fence may wait for the warp's other bulk operations in flight.
-  if (__any_sync(0xffffffffu, zeros)) {
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-    __syncwarp();
-  }
-  if (dst.seq_stride == a.head_dim) {
+  const uint32_t marked = marked_rows(mask, w, c, lane);
+  const bool consecutive = dst.seq_stride == a.head_dim;
+  if (marked == 0 && consecutive) {
     if (lane == 0)
       cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0), stage,
                                static_cast<uint32_t>(c.n * row_bytes));
+  } else if (marked == static_cast<uint32_t>(c.n) && consecutive) {
+    zero_run(dst.row(c.b, c.j, c.r0), c.n * row_bytes, lane);
   } else {
-    for (int64_t r = lane; r < c.n; r += 32)
-      cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0 + r),
-                               stage + r * row_bytes, static_cast<uint32_t>(row_bytes));
+    for (int64_t r = lane; r < c.n; r += 32) {  // each lane its own rows
+      T* out = dst.row(c.b, c.j, c.r0 + r);
+      if (row_marked(mask, c.r0 - w.w0 + r)) {
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        for (int64_t i = 0; i < row_bytes / 16; ++i) __stcs(reinterpret_cast<uint4*>(out) + i, zero);
+      } else {
+        cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, out, stage + r * row_bytes,
+                                 static_cast<uint32_t>(row_bytes));
+      }
+    }
   }
   cuda::ptx::cp_async_bulk_commit_group();
 }
