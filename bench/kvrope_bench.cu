@@ -111,7 +111,6 @@ struct Options {
   int bulk_slack = 0;
   int bulk = -1;  // -1: default
   int bulk_min_chunks = -1;  // -1: default
-  int bulk_spec = -1;  // -1: default
 };
 
 Options g_options;
@@ -132,7 +131,6 @@ void print_usage() {
       "  --bulk_stages=N             LaunchTuning::bulk_stages (32 KiB stages of the bulk-copy ring)\n"
       "  --bulk_slack=N              LaunchTuning::bulk_store_slack (stores still reading their stage)\n"
       "  --bulk_min_chunks=N         LaunchTuning::bulk_min_chunks_per_block (0: 32 KiB chunks always)\n"
-      "  --bulk_spec=N               LaunchTuning::bulk_speculate_chunks (chunks loaded before the bitmask)\n"
       "  --bulk=0|1                  LaunchTuning::bulk_copy (0: the register copy path)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
@@ -221,8 +219,6 @@ Options parse_options(int* argc, char** argv) {
       opt.bulk_stages = static_cast<int>(parse_int(arg, value, 2));
     } else if (key == "--bulk") {
       opt.bulk = static_cast<int>(parse_int(arg, value, 0));
-    } else if (key == "--bulk_spec") {
-      opt.bulk_spec = static_cast<int>(parse_int(arg, value, 0));
     } else if (key == "--bulk_min_chunks") {
       opt.bulk_min_chunks = static_cast<int>(parse_int(arg, value, 0));
     } else if (key == "--bulk_slack") {
@@ -983,12 +979,11 @@ void run_variant(benchmark::State& state, const LeaderboardCase& lc, Variant var
   // --block / --blocks_per_sm override the device's default launch parameters (tuning sweeps).
   const bool tuned = g_options.block_threads > 0 || g_options.blocks_per_sm > 0 || g_options.token_warp_weight > 0 ||
                      g_options.bulk_stages > 0 || g_options.bulk_slack > 0 || g_options.bulk >= 0 ||
-                     g_options.bulk_min_chunks >= 0 || g_options.bulk_spec >= 0;
+                     g_options.bulk_min_chunks >= 0;
   kvrope::LaunchTuning tuning;
   if (g_options.bulk_stages > 0) tuning.bulk_stages = g_options.bulk_stages;
   if (g_options.bulk_slack > 0) tuning.bulk_store_slack = g_options.bulk_slack;
   if (g_options.bulk_min_chunks >= 0) tuning.bulk_min_chunks_per_block = g_options.bulk_min_chunks;
-  if (g_options.bulk_spec >= 0) tuning.bulk_speculate_chunks = g_options.bulk_spec;
   if (g_options.bulk >= 0) tuning.bulk_copy = g_options.bulk != 0;
   if (g_options.block_threads > 0) tuning.block_threads = g_options.block_threads;
   if (g_options.blocks_per_sm > 0) tuning.blocks_per_sm = g_options.blocks_per_sm;

@@ -233,7 +233,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t lone_parts = int64_t{1} << token_parts_log2(tokens, grid_max * warps, a.heads, a.head_dim, token_vec);
   const int64_t token_blocks_max = (tokens * lone_parts + warps - 1) / warps;
   plan.grid = static_cast<int>(grid_max);
-  int speculate = 0;
+  bool speculate = false;
   int chunk_rows = 0;
   if (plan.bulk_copy) {
     // One copy warp per block, all others token warps; enough blocks for either role.
@@ -252,7 +252,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(chunks, token_blocks), 1, grid_max));
     // Small caches (a few chunks per block): the first chunk's load need not wait for the bitmask.
     // Its rows in cache_position are loaded for nothing, but they are then in L2 for the token work.
-    if (chunks <= kSpeculateChunksPerBlock * int64_t{plan.grid}) speculate = std::clamp(tune.bulk_speculate_chunks, 0, stages);
+    speculate = chunks <= kSpeculateChunksPerBlock * int64_t{plan.grid};
   } else if (a.in_place) {
     plan.grid = static_cast<int>(std::clamp<int64_t>(token_blocks_max, 1, grid_max));
   } else if (tokens == 0) {

@@ -24,9 +24,6 @@ struct LaunchTuning {
   //! With the bulk copy: small caches are cut into chunks of fewer rows (halving down to 4 KiB) until
   //! the grid's blocks have at least this many chunks each; 0 keeps every chunk a full 32 KiB stage.
   int bulk_min_chunks_per_block = 4;
-  //! With the bulk copy of a small cache (a few chunks per block): how many of its chunks each block
-  //! loads before the bitmask of rows in cache_position is built (at most bulk_stages).
-  int bulk_speculate_chunks = 6;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the

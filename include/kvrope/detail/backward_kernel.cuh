@@ -362,25 +362,18 @@ __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim,
 }
 
 // Marks the rows [w0, w0 + wlen) written by cache_position in `mask`; sets *repeats when a row is
-// written twice. The caller synchronizes the threads that use the mask around it. The positions are
-// loaded 4 per thread at a time; `after_first_loads` runs once the first of them are issued (the
-// copy warp's speculative chunk loads, which would otherwise queue the positions behind them).
-template <typename T, typename F>
+// written twice. The caller synchronizes the threads that use the mask around it.
+template <typename T>
 __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0, int64_t wlen, int thread,
-                           int threads, int* repeats, F&& after_first_loads) {
-  constexpr int kLoads = 4;
-  int64_t r[kLoads];
-  auto load = [&](int64_t t0) {
+                           int threads, int* repeats) {
+  constexpr int kLoads = 4;  // positions loaded together before their atomics: one round trip for 4
+  for (int64_t t0 = thread; t0 < a.seq_len; t0 += kLoads * int64_t{threads}) {
+    int64_t r[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int64_t t = t0 + u * int64_t{threads};
       r[u] = t < a.seq_len ? cache_row(a, t) : -1;
     }
-  };
-  int64_t t0 = thread;
-  load(t0);
-  after_first_loads();
-  for (;;) {
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       if (r[u] >= w0 && r[u] < w0 + wlen) {
@@ -388,9 +381,6 @@ __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0,
         if (atomicOr(&mask[(r[u] - w0) >> 5], bit) & bit) atomicOr(repeats, 1);
       }
     }
-    t0 += kLoads * int64_t{threads};
-    if (t0 >= a.seq_len) break;
-    load(t0);
   }
 }
 
@@ -406,7 +396,7 @@ __device__ __forceinline__ void copy_warps_mask(const BackwardArgs<T>& a, uint32
   copy_warps_sync(copy_threads);
   for (int64_t i = copy_thread; i < a.window_rows / 32; i += copy_threads) mask[i] = 0;
   copy_warps_sync(copy_threads);
-  build_mask(a, mask, w.w0, w.wlen, copy_thread, copy_threads, repeats, [] {});
+  build_mask(a, mask, w.w0, w.wlen, copy_thread, copy_threads, repeats);
   copy_warps_sync(copy_threads);
 }
 
@@ -435,45 +425,34 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   const int64_t token_warps_per_block = a.in_place ? warps_per_block : a.token_warps;
   const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;
 
-  // Work that needs no bitmask starts first: the first token's position, the positions of the
-  // bitmask, then the first bulk chunks.
+  // Work that needs no bitmask starts first: the first token's position, the first bulk chunk.
   TokenCursor cursor{};
   if (token_warp) cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
-  if (threadIdx.x == 0) repeats = 0;
-  for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
-  __syncthreads();
 #if KVROPE_HAS_BULK_COPY
   BulkRing ring{reinterpret_cast<unsigned char*>(mask) + bulk_ring_offset(mask_bytes(a.window_rows)), nullptr,
                 a.bulk_stages, a.bulk_slack, 0, 0u};
   ring.bars = reinterpret_cast<uint64_t*>(ring.stage(ring.count));
   const bool bulk_warp = a.bulk && !token_warp;
   int64_t prefetched = 0;
-  auto speculate = [&] {
-    if (!bulk_warp) return;
+  if (bulk_warp) {
     bulk_ring_init(ring, lane);
     const BulkWindow w = bulk_window(a, row_window(a, 0));
     const BulkRange range = bulk_range(w, blockIdx.x, gridDim.x);
-    BulkCursor c = BulkCursor::at(w, range.begin);  // loads the first a.bulk_speculate chunks of the range
-    for (; prefetched < range.end - range.begin && prefetched < a.bulk_speculate; ++prefetched, c.next(w))
-      bulk_load_chunk(a, mask, w, c, ring.stage(static_cast<int>(prefetched)), ring.bars + prefetched, false, lane);
-  };
-#else
-  auto speculate = [] {};
+    if (a.bulk_speculate) {  // as many of the block's chunks as the ring holds
+      BulkCursor c = BulkCursor::at(w, range.begin);
+      for (; prefetched < range.end - range.begin && prefetched < ring.count; ++prefetched, c.next(w))
+        bulk_load_chunk(a, mask, w, c, ring.stage(static_cast<int>(prefetched)),
+                        ring.bars + prefetched, false, lane);
+    }
+  }
 #endif
 
   // The first window's bitmask, built by the whole block. Out-of-place, only the copy warps use it:
   // the token warps add their share and go on without waiting for the others (barrier 2).
-  build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, blockDim.x, &repeats, speculate);
-  if (a.in_place) {
-    __syncthreads();
-  } else if (token_warp) {
-    asm volatile("bar.arrive 2, %0;" ::"r"(blockDim.x) : "memory");
-  } else {
-    asm volatile("bar.sync 2, %0;" ::"r"(blockDim.x) : "memory");
-  }
-  KVROPE_TRACE_AT(1, 0);
-  KVROPE_TRACE_AT(3, token_warp ? 1 : 2);
-
+  if (threadIdx.x == 0) repeats = 0;
+  for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
+  __syncthreads();
+  build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, blockDim.x, &repeats);
   if (a.in_place) {
     __syncthreads();
   } else if (token_warp) {
@@ -490,7 +469,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
       const RowWindow rows = row_window(a, win);
       for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
       __syncthreads();
-      build_mask(a, mask, rows.w0, rows.wlen, threadIdx.x, blockDim.x, &repeats, [] {});
+      build_mask(a, mask, rows.w0, rows.wlen, threadIdx.x, blockDim.x, &repeats);
       __syncthreads();
     }
     token_work(a, layout, cursor, token_warps, true, repeats != 0);
