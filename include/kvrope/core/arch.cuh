@@ -23,7 +23,9 @@ struct LaunchTuning {
   bool bulk_copy = true;
   //! With the bulk copy: small caches are cut into chunks of fewer rows (halving down to 4 KiB) until
   //! the grid's blocks have at least this many chunks each; 0 keeps every chunk a full 32 KiB stage.
-  int bulk_min_chunks_per_block = 4;
+  //! 1 on the H200 (docs/perf-notes.md, v4): only caches with fewer 32 KiB chunks than blocks (1 MiB
+  //! and less) are cut; 4 was slower on 8 MiB caches, 0 slower on the 1 MiB one.
+  int bulk_min_chunks_per_block = 1;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the
