@@ -3,7 +3,8 @@
 # Run on the GPU machine from the repository root after `source .deps/gpu-env.sh`; writes logs to
 # $OUT (or ./out) and prints a short table last.
 #   STAGES   which stages to run (unset: "build test bench racecheck memcheck initcheck synccheck"; bench runs before the sanitizers; empty: none)
-#   RANDOM_CONFIGS  configurations of the long randomized test (default 2000)
+#   RANDOM_CONFIGS  configurations of the long randomized test (default 2000; RANDOM_TIMEOUT s at most, 300)
+#   BENCH_TIMEOUT   seconds the benchmark may take (default 400); ctest runs with --timeout 120
 #   BENCH_ARGS      extra arguments of kvrope_bench (default --iters=50)
 #   SANITIZE_TIMEOUT seconds per sanitizer process (default 500); JOBS processes run at once (12):
 #                   one per (tool, test case) of every GPU binary, see scripts/sanitize_all.sh;
@@ -27,13 +28,17 @@ if has build; then
   summary+=("build: rc $?")
 fi
 if has test; then
-  ctest --test-dir $build --output-on-failure -E consumer > "$out/ctest.log" 2>&1
+  # Time limits throughout: a hung kernel must not spend the session's device time (ctest's own
+  # TIMEOUT is 300 s a test; 120 s here fails a hang sooner).
+  ctest --test-dir $build --output-on-failure -E consumer --timeout 120 > "$out/ctest.log" 2>&1
   summary+=("ctest: rc $? ($(grep -E 'tests passed' "$out/ctest.log"))")
-  KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} $build/tests/gpu/gpu_random > "$out/random.log" 2>&1
+  KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} timeout ${RANDOM_TIMEOUT:-300} $build/tests/gpu/gpu_random \
+    > "$out/random.log" 2>&1
   summary+=("random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$out/random.log" | head -n 1))")
 fi
 if has bench; then
-  $build/bench/kvrope_bench ${BENCH_ARGS:---iters=50} --kvrope_json="$out/bench.json" > "$out/bench.log" 2>&1
+  timeout ${BENCH_TIMEOUT:-400} $build/bench/kvrope_bench ${BENCH_ARGS:---iters=50} --kvrope_json="$out/bench.json" \
+    > "$out/bench.log" 2>&1
   summary+=("bench: rc $?")
   grep -E "geomean" "$out/bench.log"
 fi

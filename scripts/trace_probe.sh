@@ -8,5 +8,5 @@ build=${BUILD:-build-gpu}
 cmake --build $build --target kvrope_probe_trace > /dev/null 2>&1 || { echo "trace probe build failed"; exit 1; }
 for shape in ${SHAPES:-1:691:2048:fused 1:691:2048:inplace 1:1:256:fused 1:1:256:inplace 2:2048:4096:fused}; do
   IFS=: read -r b s l v <<< "$shape"
-  $build/bench/kvrope_probe_trace "$b" "$s" "$l" "$v" 2 | sed -n '1p;/launch 1/,$p'
+  timeout 30 $build/bench/kvrope_probe_trace "$b" "$s" "$l" "$v" 2 | sed -n '1p;/launch 1/,$p'
 done
