@@ -211,7 +211,8 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   if (Status s = cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute"); !s) return s;
   if (Status s = cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute"); !s) return s;
   const LaunchTuning tune = tuning ? *tuning : default_tuning(major, minor);
-  plan.block = std::clamp(tune.block_threads / 32 * 32, 32, kMaxBlockThreads);
+  // At least two warps: out of place, a block splits its warps between token and copy work.
+  plan.block = std::clamp(tune.block_threads / 32 * 32, 64, kMaxBlockThreads);
   // The bulk copy's ring: as many stages as asked for that fit the device's shared memory per block
   // (all 6 on H100, H200 and B200; fewer on GPUs with less); under 2, the register copy.
   const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};

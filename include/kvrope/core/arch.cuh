@@ -6,7 +6,7 @@ namespace kvrope {
 //! Block size and resident blocks per SM of the persistent grid. The grid is
 //! min(SM count x blocks_per_sm, blocks the work can use).
 struct LaunchTuning {
-  int block_threads = 384;  //!< a multiple of 32, at most kMaxBlockThreads
+  int block_threads = 384;  //!< a multiple of 32, from 64 to kMaxBlockThreads (clamped)
   int blocks_per_sm = 2;
   //! Out-of-place without the bulk-copy engine (the scalar path, or before sm_90): how many bytes a
   //! token warp moves per copy warp's byte in the same time; each block gives token work
