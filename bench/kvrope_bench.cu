@@ -103,14 +103,10 @@ struct Options {
   std::vector<Variant> variants{kAllVariants, kAllVariants + 3};
   std::string json_path = "kvrope_bench_results.json";
   uint64_t seed = 20261129;
-  // Launch parameters of the fused variants; 0 = the device's kvrope::default_tuning().
-  int block_threads = 0;
-  int blocks_per_sm = 0;
-  double token_warp_weight = 0;
-  int bulk_stages = 0;
-  int bulk_slack = 0;
-  int bulk = -1;  // -1: default
-  int bulk_min_chunks = -1;  // -1: default
+  // Launch parameters of the fused variants: with none of the tuning flags, the launcher's own
+  // (the device's kvrope::default_tuning()); with any, LaunchTuning{} with those fields changed.
+  kvrope::LaunchTuning tuning;
+  bool tuned = false;
 };
 
 Options g_options;
@@ -210,19 +206,29 @@ Options parse_options(int* argc, char** argv) {
     } else if (key == "--primer") {
       opt.primer = parse_int(arg, value, 0) != 0;
     } else if (key == "--block") {
-      opt.block_threads = static_cast<int>(parse_int(arg, value, 32));
+      opt.tuning.block_threads = static_cast<int>(parse_int(arg, value, 32));
+      opt.tuned = true;
     } else if (key == "--token_weight") {
-      opt.token_warp_weight = std::stod(value);
+      const double weight = std::stod(value);
+      if (weight > 0) {  // 0 or less leaves the default
+        opt.tuning.token_warp_weight = weight;
+        opt.tuned = true;
+      }
     } else if (key == "--blocks_per_sm") {
-      opt.blocks_per_sm = static_cast<int>(parse_int(arg, value, 1));
+      opt.tuning.blocks_per_sm = static_cast<int>(parse_int(arg, value, 1));
+      opt.tuned = true;
     } else if (key == "--bulk_stages") {
-      opt.bulk_stages = static_cast<int>(parse_int(arg, value, 2));
+      opt.tuning.bulk_stages = static_cast<int>(parse_int(arg, value, 2));
+      opt.tuned = true;
     } else if (key == "--bulk") {
-      opt.bulk = static_cast<int>(parse_int(arg, value, 0));
+      opt.tuning.bulk_copy = parse_int(arg, value, 0) != 0;
+      opt.tuned = true;
     } else if (key == "--bulk_min_chunks") {
-      opt.bulk_min_chunks = static_cast<int>(parse_int(arg, value, 0));
+      opt.tuning.bulk_min_chunks_per_block = static_cast<int>(parse_int(arg, value, 0));
+      opt.tuned = true;
     } else if (key == "--bulk_slack") {
-      opt.bulk_slack = static_cast<int>(parse_int(arg, value, 1));
+      opt.tuning.bulk_store_slack = static_cast<int>(parse_int(arg, value, 1));
+      opt.tuned = true;
     } else if (key == "--no_check") {
       opt.check = false;
     } else if (key == "--kvrope_json") {
@@ -976,18 +982,9 @@ void run_variant(benchmark::State& state, const LeaderboardCase& lc, Variant var
   void* ws = variant == Variant::kNaive ? data.naive_workspace(&ws_bytes) : nullptr;
 
   kvrope::Status status;
-  // --block / --blocks_per_sm override the device's default launch parameters (tuning sweeps).
-  const bool tuned = g_options.block_threads > 0 || g_options.blocks_per_sm > 0 || g_options.token_warp_weight > 0 ||
-                     g_options.bulk_stages > 0 || g_options.bulk_slack > 0 || g_options.bulk >= 0 ||
-                     g_options.bulk_min_chunks >= 0;
-  kvrope::LaunchTuning tuning;
-  if (g_options.bulk_stages > 0) tuning.bulk_stages = g_options.bulk_stages;
-  if (g_options.bulk_slack > 0) tuning.bulk_store_slack = g_options.bulk_slack;
-  if (g_options.bulk_min_chunks >= 0) tuning.bulk_min_chunks_per_block = g_options.bulk_min_chunks;
-  if (g_options.bulk >= 0) tuning.bulk_copy = g_options.bulk != 0;
-  if (g_options.block_threads > 0) tuning.block_threads = g_options.block_threads;
-  if (g_options.blocks_per_sm > 0) tuning.blocks_per_sm = g_options.blocks_per_sm;
-  if (g_options.token_warp_weight > 0) tuning.token_warp_weight = g_options.token_warp_weight;
+  // The tuning flags override the device's default launch parameters (tuning sweeps).
+  const bool tuned = g_options.tuned;
+  const kvrope::LaunchTuning& tuning = g_options.tuning;
   auto launch = [&](cudaStream_t st) {
     switch (variant) {
       case Variant::kFused:

@@ -235,7 +235,6 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t token_blocks_max = (tokens * lone_parts + warps - 1) / warps;
   plan.grid = static_cast<int>(grid_max);
   bool speculate = false;
-  int chunk_rows = 0;
   if (plan.bulk_copy) {
     // One copy warp per block, all others token warps; enough blocks for either role.
     plan.token_warps = static_cast<int>(warps - 1);
@@ -243,15 +242,16 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     // several chunks in each block's ring (LaunchTuning::bulk_min_chunks_per_block).
     BackwardArgs<T> sized = a;
     sized.bulk_chunk_rows = static_cast<int>(kBulkStageBytes / row_bytes);
-    while (sized.bulk_chunk_rows % 2 == 0 && sized.bulk_chunk_rows * row_bytes >= 2 * kMinBulkChunkBytes &&
-           bulk_window(sized, row_window(sized, 0)).total < int64_t{tune.bulk_min_chunks_per_block} * grid_max)
+    int64_t chunks = bulk_window(sized, row_window(sized, 0)).total;
+    while (chunks < int64_t{tune.bulk_min_chunks_per_block} * grid_max && sized.bulk_chunk_rows % 2 == 0 &&
+           sized.bulk_chunk_rows * row_bytes >= 2 * kMinBulkChunkBytes) {
       sized.bulk_chunk_rows /= 2;
-    chunk_rows = sized.bulk_chunk_rows;
-    plan.bulk_chunk_rows = chunk_rows;
-    const int64_t chunks = bulk_window(sized, row_window(sized, 0)).total;
+      chunks = bulk_window(sized, row_window(sized, 0)).total;
+    }
+    plan.bulk_chunk_rows = sized.bulk_chunk_rows;
     const int64_t token_blocks = (tokens + plan.token_warps - 1) / plan.token_warps;
     plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(chunks, token_blocks), 1, grid_max));
-    // Small caches (a few chunks per block): the first chunk's load need not wait for the bitmask.
+    // Small caches (a few chunks per block): the loads of the chunks the ring holds need not wait for the bitmask.
     // Its rows in cache_position are loaded for nothing, but they are then in L2 for the token work.
     speculate = chunks <= kSpeculateChunksPerBlock * int64_t{plan.grid};
   } else if (a.in_place) {
@@ -278,15 +278,16 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   }
   // The token warps the grid has, and so how many share a token.
   const int64_t grid_token_warps = int64_t{plan.grid} * (a.in_place ? warps : plan.token_warps);
-  plan.token_parts = 1 << token_parts_log2(tokens, grid_token_warps, a.heads, a.head_dim, token_vec);
+  const int parts_log2 = token_parts_log2(tokens, grid_token_warps, a.heads, a.head_dim, token_vec);
+  plan.token_parts = 1 << parts_log2;
   BackwardArgs<T> args = a;
   args.token_warps = plan.token_warps;
   args.bulk = plan.bulk_copy;
-  args.token_parts_log2 = token_parts_log2(tokens, grid_token_warps, a.heads, a.head_dim, token_vec);
+  args.token_parts_log2 = parts_log2;
   args.bulk_speculate = speculate;
   args.bulk_stages = stages;
   args.bulk_slack = slack;
-  args.bulk_chunk_rows = chunk_rows;
+  args.bulk_chunk_rows = plan.bulk_chunk_rows;
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
 
