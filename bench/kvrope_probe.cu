@@ -85,18 +85,38 @@ int main(int argc, char** argv) {
   op.grad_key_cache_input = kvrope::bhsd(gk_in, H, L, D);
   op.grad_value_cache_input = kvrope::bhsd(gv_in, H, L, D);
 
+  // Launch parameters: the device's defaults, with any of these environment variables changing one
+  // (for traces of a variant): KVROPE_SPEC (bulk_speculate_chunks), KVROPE_TOKEN_ZEROS (0/1),
+  // KVROPE_MIN_CHUNKS (bulk_min_chunks_per_block), KVROPE_STAGES (bulk_stages).
+  int device = 0, major = 0, minor = 0;
+  PROBE_CHECK(cudaGetDevice(&device));
+  PROBE_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  PROBE_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  kvrope::LaunchTuning tuning = kvrope::default_tuning(major, minor);
+  auto env_int = [](const char* name, int fallback) {
+    const char* v = std::getenv(name);
+    return v && *v ? std::atoi(v) : fallback;
+  };
+  tuning.bulk_speculate_chunks = env_int("KVROPE_SPEC", tuning.bulk_speculate_chunks);
+  tuning.token_zeros = env_int("KVROPE_TOKEN_ZEROS", tuning.token_zeros) != 0;
+  tuning.bulk_min_chunks_per_block = env_int("KVROPE_MIN_CHUNKS", tuning.bulk_min_chunks_per_block);
+  tuning.bulk_stages = env_int("KVROPE_STAGES", tuning.bulk_stages);
+  const bool flush_l2 = env_int("KVROPE_FLUSH", 1) != 0;  // 0: caches warm (the previous launch's data)
+
   kvrope::BackwardPlan plan;
-  const kvrope::Status planned = in_place ? kvrope::plan_backward(ip, &plan) : kvrope::plan_backward(op, &plan);
+  const kvrope::Status planned =
+      in_place ? kvrope::plan_backward(ip, tuning, &plan) : kvrope::plan_backward(op, tuning, &plan);
   if (!planned) {
     std::fprintf(stderr, "plan: %s (%s)\n", kvrope::to_string(planned.code), planned.field ? planned.field : "");
     return 1;
   }
   std::printf("B %lld S %lld S_max %lld H %lld D %lld %s: grid %d block %d shared %d token_warps %d parts %d bulk %d"
-              " chunk_rows %d\n",
+              " chunk_rows %d spec %d token_zeros %d%s\n",
               static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(L),
               static_cast<long long>(H), static_cast<long long>(D), in_place ? "inplace" : "fused", plan.grid,
               plan.block, plan.shared_bytes, plan.token_warps, plan.token_parts, static_cast<int>(plan.bulk_copy),
-              plan.bulk_chunk_rows);
+              plan.bulk_chunk_rows, tuning.bulk_speculate_chunks, static_cast<int>(tuning.token_zeros),
+              flush_l2 ? "" : " (L2 warm)");
   cudaEvent_t start, stop;
   PROBE_CHECK(cudaEventCreate(&start));
   PROBE_CHECK(cudaEventCreate(&stop));
@@ -108,13 +128,16 @@ int main(int argc, char** argv) {
 #endif
   for (int i = 0; i < launches; ++i) {
 #ifdef KVROPE_TRACE
-    static unsigned long long zeros[kvrope::detail::kTraceWarps][4];
+    using kvrope::detail::kTraceEvents;
+    using kvrope::detail::kTraceWarps;
+    static unsigned long long zeros[kTraceWarps][kTraceEvents];
     PROBE_CHECK(cudaMemcpyToSymbol(kvrope::detail::kvrope_trace, zeros, sizeof(zeros)));
-    PROBE_CHECK(cudaMemset(flush, i, 2 * size_t(l2)));
+    if (flush_l2) PROBE_CHECK(cudaMemset(flush, i, 2 * size_t(l2)));
     PROBE_CHECK(cudaDeviceSynchronize());
 #endif
     PROBE_CHECK(cudaEventRecord(start));
-    const kvrope::Status s = in_place ? kvrope::kv_cache_rope_backward(ip) : kvrope::kv_cache_rope_backward(op);
+    const kvrope::Status s =
+        in_place ? kvrope::kv_cache_rope_backward(ip, tuning) : kvrope::kv_cache_rope_backward(op, tuning);
     PROBE_CHECK(cudaEventRecord(stop));
     PROBE_CHECK(cudaEventSynchronize(stop));
     if (!s) {
@@ -125,25 +148,30 @@ int main(int argc, char** argv) {
     PROBE_CHECK(cudaEventElapsedTime(&ms, start, stop));
     std::printf("launch %d: %.2f us (events)\n", i, ms * 1000.0f);
 #ifdef KVROPE_TRACE
-    static unsigned long long trace[kvrope::detail::kTraceWarps][4];
+    static unsigned long long trace[kTraceWarps][kTraceEvents];
     PROBE_CHECK(cudaMemcpyFromSymbol(trace, kvrope::detail::kvrope_trace, sizeof(trace)));
     unsigned long long t0 = ~0ull;
     for (auto& w : trace)
       if (w[0]) t0 = std::min(t0, w[0]);
+    const char* names[kTraceEvents] = {"entry", "mask", "done", "", "start", "data", "last_store"};
     for (int role = 1; role <= 2; ++role) {
-      std::vector<double> ev[3];
-      for (auto& w : trace)
-        if (w[3] == static_cast<unsigned long long>(role))
-          for (int e = 0; e < 3; ++e) ev[e].push_back(w[e] ? (w[e] - t0) / 1000.0 : -1.0);
-      if (ev[0].empty()) continue;
-      std::printf("  %s warps %zu:", role == 1 ? "token" : "copy", ev[0].size());
-      const char* names[3] = {"entry", "mask", "done"};
-      for (int e = 0; e < 3; ++e) {
+      std::vector<double> ev[kTraceEvents];
+      size_t count = 0;
+      for (auto& w : trace) {
+        if (w[kvrope::detail::kTraceRole] != static_cast<unsigned long long>(role)) continue;
+        ++count;
+        for (int e = 0; e < kTraceEvents; ++e)
+          if (e != kvrope::detail::kTraceRole && w[e]) ev[e].push_back((w[e] - t0) / 1000.0);
+      }
+      if (count == 0) continue;
+      std::printf("  %s warps %zu (us after the first warp's entry):\n", role == 1 ? "token" : "copy", count);
+      for (int e = 0; e < kTraceEvents; ++e) {
+        if (ev[e].empty()) continue;
         std::sort(ev[e].begin(), ev[e].end());
-        std::printf("  %s min %.2f p50 %.2f p90 %.2f max %.2f", names[e], ev[e].front(), ev[e][ev[e].size() / 2],
+        std::printf("    %-10s n %5zu  min %6.2f  p10 %6.2f  p50 %6.2f  p90 %6.2f  max %6.2f\n", names[e],
+                    ev[e].size(), ev[e].front(), ev[e][ev[e].size() / 10], ev[e][ev[e].size() / 2],
                     ev[e][ev[e].size() * 9 / 10], ev[e].back());
       }
-      std::printf(" (us after the first warp's entry)\n");
     }
 #endif
   }

@@ -234,7 +234,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t lone_parts = int64_t{1} << token_parts_log2(tokens, grid_max * warps, a.heads, a.head_dim, token_vec);
   const int64_t token_blocks_max = (tokens * lone_parts + warps - 1) / warps;
   plan.grid = static_cast<int>(grid_max);
-  bool speculate = false;
+  int speculate = 0;
   if (plan.bulk_copy) {
     // One copy warp per block, all others token warps; enough blocks for either role.
     plan.token_warps = static_cast<int>(warps - 1);
@@ -253,7 +253,8 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(chunks, token_blocks), 1, grid_max));
     // Small caches (a few chunks per block): the loads of the chunks the ring holds need not wait for the bitmask.
     // Its rows in cache_position are loaded for nothing, but they are then in L2 for the token work.
-    speculate = chunks <= kSpeculateChunksPerBlock * int64_t{plan.grid};
+    if (chunks <= kSpeculateChunksPerBlock * int64_t{plan.grid})
+      speculate = std::clamp(tune.bulk_speculate_chunks, 0, stages);
   } else if (a.in_place) {
     plan.grid = static_cast<int>(std::clamp<int64_t>(token_blocks_max, 1, grid_max));
   } else if (tokens == 0) {
@@ -285,6 +286,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.bulk = plan.bulk_copy;
   args.token_parts_log2 = parts_log2;
   args.bulk_speculate = speculate;
+  args.token_zeros = tune.token_zeros && !a.in_place;
   args.bulk_stages = stages;
   args.bulk_slack = slack;
   args.bulk_chunk_rows = plan.bulk_chunk_rows;
@@ -380,6 +382,12 @@ Status kv_cache_rope_backward(const Params& params, const LaunchTuning& tuning, 
 template <typename Params>
 Status plan_backward(const Params& params, BackwardPlan* plan) {
   return detail::run_backward(params, nullptr, nullptr, plan, true);
+}
+
+//! The plan of kv_cache_rope_backward(params, tuning).
+template <typename Params>
+Status plan_backward(const Params& params, const LaunchTuning& tuning, BackwardPlan* plan) {
+  return detail::run_backward(params, &tuning, nullptr, plan, true);
 }
 
 //! Zeroes an error flag on `stream` (asynchronous; capturable).

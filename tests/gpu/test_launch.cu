@@ -96,3 +96,32 @@ TEST_CASE("more batches x heads than a grid's y or z dimension could hold", "[gp
                                    false, 61});
   p.run_and_check();
 }
+
+TEST_CASE("every launch tuning stays right: token zeros, speculated chunks, chunk sizes, the register copy",
+          "[gpu][tuning]") {
+  // Small caches (chunks cut down, speculated) and one over the speculation limit; positions that
+  // repeat rows, leave gaps and wrap.
+  const Config configs[] = {
+      {{1, 8, 1, 256, 128}, Layout::kBHSD, Positions::kArange, Variant::kOutOfPlace, false, 71},
+      {{2, 8, 45, 512, 128}, Layout::kBHSD, Positions::kDuplicates, Variant::kOutOfPlace, false, 72},
+      {{3, 4, 33, 700, 64}, Layout::kBSHD, Positions::kNegative, Variant::kOutOfPlace, true, 73},
+      {{2, 8, 300, 4096, 128}, Layout::kBHSD, Positions::kSparse, Variant::kOutOfPlaceNoTables, false, 74},
+  };
+  for (const Config& cfg : configs) {
+    Problem<__nv_bfloat16, int64_t> p(cfg);
+    for (const bool token_zeros : {false, true})
+      for (const int spec : {0, 1, 6})
+        for (const int min_chunks : {0, 8})
+          for (const bool bulk : {true, false}) {
+            if (!bulk && (spec != 0 || min_chunks != 0)) continue;  // those knobs are the bulk copy's
+            LaunchTuning tuning = default_tuning(9, 0);
+            tuning.token_zeros = token_zeros;
+            tuning.bulk_speculate_chunks = spec;
+            tuning.bulk_min_chunks_per_block = min_chunks;
+            tuning.bulk_copy = bulk;
+            INFO("token_zeros " << token_zeros << " spec " << spec << " min_chunks " << min_chunks << " bulk "
+                                << bulk);
+            p.launch_and_check([&] { REQUIRE(kv_cache_rope_backward(p.device_params(), tuning).ok()); });
+          }
+  }
+}

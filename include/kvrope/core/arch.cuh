@@ -26,6 +26,13 @@ struct LaunchTuning {
   //! 1 on the H200 (docs/perf-notes.md, v4): only caches with fewer 32 KiB chunks than blocks (1 MiB
   //! and less) are cut; 4 was slower on 8 MiB caches, 0 slower on the 1 MiB one.
   int bulk_min_chunks_per_block = 1;
+  //! With the bulk copy of a small cache (at most 8 chunks per block): how many of its chunks each
+  //! block loads before its bitmask of rows in cache_position is built (0 to bulk_stages). The loads
+  //! are issued after the bitmask's position loads, so the positions never queue behind them.
+  int bulk_speculate_chunks = 6;
+  //! Out-of-place: the token warps write the zeros of the cache-input gradient rows in cache_position
+  //! (as the in-place variant does) and the copy skips those rows; false: the copy writes them.
+  bool token_zeros = false;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the

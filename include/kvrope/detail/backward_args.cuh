@@ -27,7 +27,8 @@ struct BackwardArgs {
   int token_parts_log2; // each token is split over 2^token_parts_log2 warps (TokenLayout)
   int token_warps;      // out-of-place: warps [0, token_warps) of each block do token work, the rest copy
   bool bulk;            // out-of-place: the copy is one warp per block driving the bulk-copy engine
-  bool bulk_speculate;  // with bulk: each block loads its first chunk before the bitmask is built
+  int bulk_speculate;   // with bulk: chunks each block loads before its bitmask is built (at most bulk_stages)
+  bool token_zeros;     // out-of-place: token warps zero rows p of gk_out / gv_out; the copy skips them
   int bulk_stages;      // with bulk: stages of the shared-memory ring
   int bulk_slack;       // with bulk: chunk stores that may still read their stage when one is refilled
   int bulk_chunk_rows;  // with bulk: cache rows a chunk has at most (0: as many as a stage holds)

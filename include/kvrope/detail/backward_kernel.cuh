@@ -10,6 +10,7 @@
 #include "../rope.cuh"
 #include "backward_args.cuh"
 #include "bulk_copy.cuh"
+#include "trace.cuh"
 
 namespace kvrope::detail {
 
@@ -38,23 +39,6 @@ inline constexpr int64_t kSpeculateChunksPerBlock = 8;
 //! Bulk copy of a small cache: chunks are halved down to this size at the least
 //! (LaunchTuning::bulk_min_chunks_per_block).
 inline constexpr int64_t kMinBulkChunkBytes = 4096;
-
-// Diagnostics (bench/kvrope_probe, never in a library build): with -DKVROPE_TRACE, lane 0 of every
-// warp of the first kTraceWarps writes the global timer (ns) at its milestones: kernel entry, the
-// first bitmask built, its work done; [3] says the warp's role (1 token, 2 copy).
-#ifdef KVROPE_TRACE
-inline constexpr int kTraceWarps = 4096;
-__device__ unsigned long long kvrope_trace[kTraceWarps][4];
-__device__ __forceinline__ void trace_at(int event, unsigned long long value) {
-  const int warp = static_cast<int>(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
-  if ((threadIdx.x & 31) != 0 || warp >= kTraceWarps) return;
-  if (event < 3) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(value));
-  kvrope_trace[warp][event] = value;
-}
-#define KVROPE_TRACE_AT(event, value) ::kvrope::detail::trace_at(event, value)
-#else
-#define KVROPE_TRACE_AT(event, value) ((void)0)
-#endif
 
 // The row of the cache token t was written to, or -1 when its position is out of range.
 template <typename T>
@@ -308,6 +292,7 @@ __device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int6
         const int64_t col = static_cast<int64_t>(c) * kVec;
         const bool zero = (mask[s_local >> 5] >> (s_local & 31)) & 1u;
         const HeadRows<const T>& src = is_value ? a.gv : a.gk;
+        if (zero && a.token_zeros) continue;  // the token warps write this row's zeros
         dst[u] = (is_value ? a.gv_out : a.gk_out).row(b, j, s) + col;
         value[u] = zero ? V::zeros() : load_vec<cub::LOAD_CS, T, kVec>(src.row(b, j, s) + col);
       }
@@ -358,22 +343,33 @@ __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim,
     } else {
       process_token(a, layout, cur.part, cur.b, cur.t, cur.r, zero_rows, lane);
     }
+#ifdef KVROPE_TRACE
+    if (cur.item < warps) KVROPE_TRACE_AT(kTraceStart, 0);
+#endif
   }
 }
 
 // Marks the rows [w0, w0 + wlen) written by cache_position in `mask`; sets *repeats when a row is
-// written twice. The caller synchronizes the threads that use the mask around it.
-template <typename T>
+// written twice. The caller synchronizes the threads that use the mask around it. The positions are
+// loaded kLoads per thread at a time (one round trip for all of them); `after_first_loads` runs once
+// the first are issued (the copy warp's speculative chunk loads: issued before, they would queue the
+// positions behind them).
+template <typename T, typename F>
 __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0, int64_t wlen, int thread,
-                           int threads, int* repeats) {
-  constexpr int kLoads = 4;  // positions loaded together before their atomics: one round trip for 4
-  for (int64_t t0 = thread; t0 < a.seq_len; t0 += kLoads * int64_t{threads}) {
-    int64_t r[kLoads];
+                           int threads, int* repeats, F&& after_first_loads) {
+  constexpr int kLoads = 4;
+  int64_t r[kLoads];
+  int64_t t0 = thread;
+  auto load = [&] {
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int64_t t = t0 + u * int64_t{threads};
       r[u] = t < a.seq_len ? cache_row(a, t) : -1;
     }
+  };
+  load();
+  after_first_loads();
+  for (;;) {
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       if (r[u] >= w0 && r[u] < w0 + wlen) {
@@ -381,6 +377,9 @@ __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0,
         if (atomicOr(&mask[(r[u] - w0) >> 5], bit) & bit) atomicOr(repeats, 1);
       }
     }
+    t0 += kLoads * int64_t{threads};
+    if (t0 >= a.seq_len) break;
+    load();
   }
 }
 
@@ -396,7 +395,7 @@ __device__ __forceinline__ void copy_warps_mask(const BackwardArgs<T>& a, uint32
   copy_warps_sync(copy_threads);
   for (int64_t i = copy_thread; i < a.window_rows / 32; i += copy_threads) mask[i] = 0;
   copy_warps_sync(copy_threads);
-  build_mask(a, mask, w.w0, w.wlen, copy_thread, copy_threads, repeats);
+  build_mask(a, mask, w.w0, w.wlen, copy_thread, copy_threads, repeats, [] {});
   copy_warps_sync(copy_threads);
 }
 
@@ -414,7 +413,7 @@ template <typename T, int kHeadDim, int kVec>
 __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const BackwardArgs<T> a) {
   extern __shared__ __align__(kBulkAlign) uint32_t mask[];
   __shared__ int repeats;
-  KVROPE_TRACE_AT(0, 0);
+  KVROPE_TRACE_AT(kTraceEntry, 0);
   const TokenLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
   const int warps_per_block = blockDim.x / 32;
   const int warp_in_block = threadIdx.x / 32;
@@ -425,34 +424,37 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   const int64_t token_warps_per_block = a.in_place ? warps_per_block : a.token_warps;
   const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;
 
-  // Work that needs no bitmask starts first: the first token's position, the first bulk chunk.
+  // Work that needs no bitmask starts first: the first token's position; then, once the bitmask's
+  // position loads are issued, the copy warp's first chunks (a.bulk_speculate of them).
   TokenCursor cursor{};
   if (token_warp) cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
+  if (threadIdx.x == 0) repeats = 0;
+  for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
+  __syncthreads();
 #if KVROPE_HAS_BULK_COPY
   BulkRing ring{reinterpret_cast<unsigned char*>(mask) + bulk_ring_offset(mask_bytes(a.window_rows)), nullptr,
                 a.bulk_stages, a.bulk_slack, 0, 0u};
   ring.bars = reinterpret_cast<uint64_t*>(ring.stage(ring.count));
   const bool bulk_warp = a.bulk && !token_warp;
+  const BulkWindow first_window = bulk_warp ? bulk_window(a, row_window(a, 0)) : BulkWindow{};
+  const BulkRange first_range = bulk_warp ? bulk_range(first_window, blockIdx.x, gridDim.x) : BulkRange{};
   int64_t prefetched = 0;
-  if (bulk_warp) {
+  auto speculate = [&] {
+    if (!bulk_warp) return;
     bulk_ring_init(ring, lane);
-    const BulkWindow w = bulk_window(a, row_window(a, 0));
-    const BulkRange range = bulk_range(w, blockIdx.x, gridDim.x);
-    if (a.bulk_speculate) {  // as many of the block's chunks as the ring holds
-      BulkCursor c = BulkCursor::at(w, range.begin);
-      for (; prefetched < range.end - range.begin && prefetched < ring.count; ++prefetched, c.next(w))
-        bulk_load_chunk(a, mask, w, c, ring.stage(static_cast<int>(prefetched)),
-                        ring.bars + prefetched, false, lane);
-    }
-  }
+    BulkCursor c = BulkCursor::at(first_window, first_range.begin);
+    for (; prefetched < first_range.end - first_range.begin && prefetched < a.bulk_speculate; ++prefetched, c.next(first_window))
+      bulk_load_chunk(a, mask, first_window, c, ring.stage(static_cast<int>(prefetched)), ring.bars + prefetched,
+                      false, lane);
+    KVROPE_TRACE_AT(kTraceStart, 0);
+  };
+#else
+  auto speculate = [] {};
 #endif
 
   // The first window's bitmask, built by the whole block. Out-of-place, only the copy warps use it:
   // the token warps add their share and go on without waiting for the others (barrier 2).
-  if (threadIdx.x == 0) repeats = 0;
-  for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
-  __syncthreads();
-  build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, blockDim.x, &repeats);
+  build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, blockDim.x, &repeats, speculate);
   if (a.in_place) {
     __syncthreads();
   } else if (token_warp) {
@@ -460,8 +462,8 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   } else {
     asm volatile("bar.sync 2, %0;" ::"r"(blockDim.x) : "memory");
   }
-  KVROPE_TRACE_AT(1, 0);
-  KVROPE_TRACE_AT(3, token_warp ? 1 : 2);
+  KVROPE_TRACE_AT(kTraceMask, 0);
+  KVROPE_TRACE_AT(kTraceRole, token_warp ? 1 : 2);
 
   if (a.in_place) {
     // Only whether a row repeats matters here; later windows are scanned until one does.
@@ -469,16 +471,19 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
       const RowWindow rows = row_window(a, win);
       for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
       __syncthreads();
-      build_mask(a, mask, rows.w0, rows.wlen, threadIdx.x, blockDim.x, &repeats);
+      build_mask(a, mask, rows.w0, rows.wlen, threadIdx.x, blockDim.x, &repeats, [] {});
       __syncthreads();
     }
-    token_work(a, layout, cursor, token_warps, true, repeats != 0);
-    KVROPE_TRACE_AT(2, 0);
-    return;
   }
   if (token_warp) {
-    token_work(a, layout, cursor, token_warps, false, false);
-    KVROPE_TRACE_AT(2, 0);
+    // Rows p zeroed by the token warps: in-place, or out-of-place with a.token_zeros (where a row
+    // written twice gets the same zeros twice: no reads of it follow).
+    if (a.in_place || a.token_zeros) {
+      token_work(a, layout, cursor, token_warps, true, a.in_place && repeats != 0);
+    } else {
+      token_work(a, layout, cursor, token_warps, false, false);
+    }
+    KVROPE_TRACE_AT(kTraceDone, 0);
     return;
   }
   const int copy_threads = blockDim.x - a.token_warps * 32;
@@ -488,11 +493,13 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     for (int64_t win = 0; win < windows; ++win) {
       const RowWindow rows = row_window(a, win);
       if (win > 0) copy_warps_mask(a, mask, rows, copy_thread, copy_threads, &repeats);
-      const BulkWindow w = bulk_window(a, rows);
-      bulk_copy_window(a, mask, w, ring, bulk_range(w, blockIdx.x, gridDim.x), win == 0 ? prefetched : 0, lane);
+      const BulkWindow w = win == 0 ? first_window : bulk_window(a, rows);
+      bulk_copy_window(a, mask, w, ring, win == 0 ? first_range : bulk_range(w, blockIdx.x, gridDim.x),
+                       win == 0 ? prefetched : 0, lane);
     }
+    KVROPE_TRACE_AT(kTraceLastStore, 0);
     bulk_drain();
-    KVROPE_TRACE_AT(2, 0);
+    KVROPE_TRACE_AT(kTraceDone, 0);
     return;
   }
 #endif
@@ -503,7 +510,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     if (win > 0) copy_warps_mask(a, mask, rows, copy_thread, copy_threads, &repeats);
     copy_window<T, kHeadDim, kVec>(a, mask, rows.w0, rows.wlen, thread, threads);
   }
-  KVROPE_TRACE_AT(2, 0);
+  KVROPE_TRACE_AT(kTraceDone, 0);
 }
 
 }  // namespace kvrope::detail

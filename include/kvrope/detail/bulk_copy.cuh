@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backward_args.cuh"
+#include "trace.cuh"
 
 namespace kvrope::detail {
 
@@ -192,7 +193,8 @@ __device__ __forceinline__ void zero_run(void* out, int64_t bytes, int lane) {
   for (int64_t u = lane; u < units; u += 32) __stcs(p + u, zero);
 }
 
-// Writes the loaded chunk to gk_out / gv_out, and zeros to its rows marked in the mask. The zeros go
+// Writes the loaded chunk to gk_out / gv_out, and zeros to its rows marked in the mask (unless the
+// token warps write them: a.token_zeros; then marked rows are skipped). The zeros go
 // from registers straight to global memory: the stage is never written by the warp, so no proxy fence
 // orders its writes before the bulk engine's reads (v3.1 zero-filled the stage and fenced, which held
 // the warp for a memory round trip per such chunk: docs/perf-notes.md, v4). The rows loaded go with
@@ -208,12 +210,13 @@ __device__ __forceinline__ void bulk_store_chunk(const BackwardArgs<T>& a, const
     if (lane == 0)
       cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0), stage,
                                static_cast<uint32_t>(c.n * row_bytes));
-  } else if (marked == static_cast<uint32_t>(c.n) && consecutive) {
-    zero_run(dst.row(c.b, c.j, c.r0), c.n * row_bytes, lane);
+  } else if (marked == static_cast<uint32_t>(c.n) && (consecutive || a.token_zeros)) {
+    if (!a.token_zeros) zero_run(dst.row(c.b, c.j, c.r0), c.n * row_bytes, lane);
   } else {
     for (int64_t r = lane; r < c.n; r += 32) {  // each lane its own rows
       T* out = dst.row(c.b, c.j, c.r0 + r);
       if (row_marked(mask, c.r0 - w.w0 + r)) {
+        if (a.token_zeros) continue;  // the token warps write this row's zeros
         const uint4 zero = make_uint4(0, 0, 0, 0);
         for (int64_t i = 0; i < row_bytes / 16; ++i) __stcs(reinterpret_cast<uint4*>(out) + i, zero);
       } else {
@@ -259,6 +262,7 @@ __device__ void bulk_copy_window(const BackwardArgs<T>& a, const uint32_t* mask,
     const uint32_t parity = (ring.phases >> store_stage) & 1u;
     while (!cuda::ptx::mbarrier_try_wait_parity(ring.bars + store_stage, parity)) {
     }
+    if (i == 0) KVROPE_TRACE_AT(kTraceFirstData, 0);
     ring.phases ^= 1u << store_stage;
     bulk_store_chunk(a, mask, w, store, ring.stage(store_stage), lane);
     store_stage = ring.after(store_stage);
