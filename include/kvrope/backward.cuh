@@ -253,7 +253,10 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(chunks, token_blocks), 1, grid_max));
     // Small caches (a few chunks per block): the loads of the chunks the ring holds need not wait for the bitmask.
     // Its rows in cache_position are loaded for nothing, but they are then in L2 for the token work.
-    if (chunks <= kSpeculateChunksPerBlock * int64_t{plan.grid})
+    // Only when the token warps load every position in their first round: a later round's loads
+    // would queue behind these (docs/perf-notes.md, v5).
+    if (chunks <= kSpeculateChunksPerBlock * int64_t{plan.grid} &&
+        a.seq_len <= int64_t{kMaskLoads} * 32 * plan.token_warps)
       speculate = std::clamp(tune.bulk_speculate_chunks, 0, stages);
   } else if (a.in_place) {
     plan.grid = static_cast<int>(std::clamp<int64_t>(token_blocks_max, 1, grid_max));

@@ -36,6 +36,8 @@ inline constexpr int64_t kMaxSharedBytes = bulk_ring_offset(mask_bytes(kMaxWindo
 //! Bulk copy: blocks load their first chunk before the bitmask when the window has at most this many
 //! chunks per block.
 inline constexpr int64_t kSpeculateChunksPerBlock = 8;
+//! Positions each thread building a bitmask loads at once, before their atomics (one round trip).
+inline constexpr int kMaskLoads = 4;
 //! Bulk copy of a small cache: chunks are halved down to this size at the least
 //! (LaunchTuning::bulk_min_chunks_per_block).
 inline constexpr int64_t kMinBulkChunkBytes = 4096;
@@ -350,26 +352,18 @@ __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim,
 }
 
 // Marks the rows [w0, w0 + wlen) written by cache_position in `mask`; sets *repeats when a row is
-// written twice. The caller synchronizes the threads that use the mask around it. The positions are
-// loaded kLoads per thread at a time (one round trip for all of them); `after_first_loads` runs once
-// the first are issued (the copy warp's speculative chunk loads: issued before, they would queue the
-// positions behind them).
-template <typename T, typename F>
+// written twice. The caller synchronizes the threads that use the mask around it.
+template <typename T>
 __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0, int64_t wlen, int thread,
-                           int threads, int* repeats, F&& after_first_loads) {
-  constexpr int kLoads = 4;
-  int64_t r[kLoads];
-  int64_t t0 = thread;
-  auto load = [&] {
+                           int threads, int* repeats) {
+  constexpr int kLoads = kMaskLoads;
+  for (int64_t t0 = thread; t0 < a.seq_len; t0 += kLoads * int64_t{threads}) {
+    int64_t r[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int64_t t = t0 + u * int64_t{threads};
       r[u] = t < a.seq_len ? cache_row(a, t) : -1;
     }
-  };
-  load();
-  after_first_loads();
-  for (;;) {
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       if (r[u] >= w0 && r[u] < w0 + wlen) {
@@ -377,9 +371,6 @@ __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0,
         if (atomicOr(&mask[(r[u] - w0) >> 5], bit) & bit) atomicOr(repeats, 1);
       }
     }
-    t0 += kLoads * int64_t{threads};
-    if (t0 >= a.seq_len) break;
-    load();
   }
 }
 
@@ -395,7 +386,7 @@ __device__ __forceinline__ void copy_warps_mask(const BackwardArgs<T>& a, uint32
   copy_warps_sync(copy_threads);
   for (int64_t i = copy_thread; i < a.window_rows / 32; i += copy_threads) mask[i] = 0;
   copy_warps_sync(copy_threads);
-  build_mask(a, mask, w.w0, w.wlen, copy_thread, copy_threads, repeats, [] {});
+  build_mask(a, mask, w.w0, w.wlen, copy_thread, copy_threads, repeats);
   copy_warps_sync(copy_threads);
 }
 
@@ -424,13 +415,10 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   const int64_t token_warps_per_block = a.in_place ? warps_per_block : a.token_warps;
   const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;
 
-  // Work that needs no bitmask starts first: the first token's position; then, once the bitmask's
-  // position loads are issued, the copy warp's first chunks (a.bulk_speculate of them).
+  // Work that needs no bitmask starts first: the first token's position, and the copy warp's first
+  // chunks (a.bulk_speculate of them).
   TokenCursor cursor{};
   if (token_warp) cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
-  if (threadIdx.x == 0) repeats = 0;
-  for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
-  __syncthreads();
 #if KVROPE_HAS_BULK_COPY
   BulkRing ring{reinterpret_cast<unsigned char*>(mask) + bulk_ring_offset(mask_bytes(a.window_rows)), nullptr,
                 a.bulk_stages, a.bulk_slack, 0, 0u};
@@ -439,22 +427,34 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   const BulkWindow first_window = bulk_warp ? bulk_window(a, row_window(a, 0)) : BulkWindow{};
   const BulkRange first_range = bulk_warp ? bulk_range(first_window, blockIdx.x, gridDim.x) : BulkRange{};
   int64_t prefetched = 0;
-  auto speculate = [&] {
-    if (!bulk_warp) return;
+  if (bulk_warp) {
     bulk_ring_init(ring, lane);
     BulkCursor c = BulkCursor::at(first_window, first_range.begin);
-    for (; prefetched < first_range.end - first_range.begin && prefetched < a.bulk_speculate; ++prefetched, c.next(first_window))
+    for (; prefetched < first_range.end - first_range.begin && prefetched < a.bulk_speculate;
+         ++prefetched, c.next(first_window))
       bulk_load_chunk(a, mask, first_window, c, ring.stage(static_cast<int>(prefetched)), ring.bars + prefetched,
                       false, lane);
     KVROPE_TRACE_AT(kTraceStart, 0);
-  };
+  }
 #else
-  auto speculate = [] {};
+  constexpr bool bulk_warp = false;
 #endif
 
-  // The first window's bitmask, built by the whole block. Out-of-place, only the copy warps use it:
-  // the token warps add their share and go on without waiting for the others (barrier 2).
-  build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, blockDim.x, &repeats, speculate);
+  // The first window's bitmask. With the bulk copy the token warps build it alone (named barrier 3
+  // among them) while the copy warp's loads are under way; otherwise the whole block builds it.
+  // Out-of-place, only the copy warps use it: the token warps add their share and go on without
+  // waiting for the others (barrier 2).
+  if (!bulk_warp) {
+    const int builders = a.bulk ? a.token_warps * 32 : static_cast<int>(blockDim.x);
+    if (threadIdx.x == 0) repeats = 0;
+    for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += builders) mask[i] = 0;
+    if (a.bulk) {
+      asm volatile("bar.sync 3, %0;" ::"r"(builders) : "memory");
+    } else {
+      __syncthreads();
+    }
+    build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats);
+  }
   if (a.in_place) {
     __syncthreads();
   } else if (token_warp) {
@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
       const RowWindow rows = row_window(a, win);
       for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += blockDim.x) mask[i] = 0;
       __syncthreads();
-      build_mask(a, mask, rows.w0, rows.wlen, threadIdx.x, blockDim.x, &repeats, [] {});
+      build_mask(a, mask, rows.w0, rows.wlen, threadIdx.x, blockDim.x, &repeats);
       __syncthreads();
     }
   }

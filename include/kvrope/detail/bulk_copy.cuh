@@ -120,6 +120,32 @@ __device__ __forceinline__ uint32_t marked_rows(const uint32_t* mask, const Bulk
   return __reduce_add_sync(0xffffffffu, marked);
 }
 
+// The first row in [from, limit) marked in the mask (window-local rows), or limit: a word at a time.
+__device__ __forceinline__ int64_t next_marked(const uint32_t* mask, int64_t from, int64_t limit) {
+  for (int64_t base = from & ~int64_t{31}; base < limit; base += 32) {
+    uint32_t word = mask[base >> 5];
+    if (base < from) word &= ~0u << (from - base);
+    if (word != 0) {
+      const int64_t at = base + __ffs(word) - 1;
+      return at < limit ? at : limit;
+    }
+  }
+  return limit;
+}
+
+// Calls f(r, n) for every maximal run [r, r + n) of chunk c's rows that are not marked in the mask,
+// each run by one lane (the lane of its first row, rows lane, lane + 32, ...): a chunk with a few
+// rows in cache_position is copied in a few bulk copies, not one per row.
+template <typename F>
+__device__ __forceinline__ void for_each_unmarked_run(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
+                                                      int lane, F&& f) {
+  const int64_t base = c.r0 - w.w0;  // the chunk's first row in the window
+  for (int64_t r = lane; r < c.n; r += 32) {
+    if (row_marked(mask, base + r) || (r > 0 && !row_marked(mask, base + r - 1))) continue;
+    f(r, next_marked(mask, base + r, base + c.n) - base - r);
+  }
+}
+
 //! The ring of stages of the copy warp: `next` is the stage the next chunk goes through, and bit s
 //! of `phases` the parity stage s's barrier completes next (each use of a stage completes one phase).
 //! `slack`: how many chunk stores may still be reading their stage when the oldest stage is refilled
@@ -179,6 +205,12 @@ __device__ __forceinline__ void bulk_load_chunk(const BackwardArgs<T>& a, const 
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
                                          rows * row_bytes);
   __syncwarp();
+  if (src.seq_stride == a.head_dim) {  // consecutive rows: one copy per run of unmarked rows
+    for_each_unmarked_run(mask, w, c, lane, [&](int64_t r, int64_t n) {
+      bulk_load(stage + r * row_bytes, src.row(c.b, c.j, c.r0 + r), static_cast<uint32_t>(n) * row_bytes, bar);
+    });
+    return;
+  }
   for (int64_t r = lane; r < c.n; r += 32)
     if (!use_mask || !row_marked(mask, c.r0 - w.w0 + r))
       bulk_load(stage + r * row_bytes, src.row(c.b, c.j, c.r0 + r), row_bytes, bar);
@@ -219,10 +251,16 @@ __device__ __forceinline__ void bulk_store_chunk(const BackwardArgs<T>& a, const
         if (a.token_zeros) continue;  // the token warps write this row's zeros
         const uint4 zero = make_uint4(0, 0, 0, 0);
         for (int64_t i = 0; i < row_bytes / 16; ++i) __stcs(reinterpret_cast<uint4*>(out) + i, zero);
-      } else {
+      } else if (!consecutive) {
         cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, out, stage + r * row_bytes,
                                  static_cast<uint32_t>(row_bytes));
       }
+    }
+    if (consecutive) {  // the loaded rows: one store per run of unmarked rows
+      for_each_unmarked_run(mask, w, c, lane, [&](int64_t r, int64_t n) {
+        cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0 + r),
+                                 stage + r * row_bytes, static_cast<uint32_t>(n * row_bytes));
+      });
     }
   }
   cuda::ptx::cp_async_bulk_commit_group();
