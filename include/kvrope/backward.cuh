@@ -289,10 +289,14 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.bulk = plan.bulk_copy;
   args.token_parts_log2 = parts_log2;
   args.bulk_speculate = speculate;
-  args.token_zeros = tune.token_zeros && !a.in_place;
+  args.token_zeros = tune.token_zeros && speculate > 0;
   args.bulk_stages = stages;
   args.bulk_slack = slack;
   args.bulk_chunk_rows = plan.bulk_chunk_rows;
+  if (plan.bulk_copy) {  // the copy warp's first chunks without a division on its path
+    args.bulk_first = bulk_window(args, row_window(args, 0));
+    args.bulk_per_block = (args.bulk_first.total + plan.grid - 1) / plan.grid;
+  }
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
 

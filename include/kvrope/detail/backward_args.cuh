@@ -8,6 +8,16 @@
 
 namespace kvrope::detail {
 
+//! The chunks of one bitmask window [w0, w0 + wlen): for every (cache, b, head), ceil(wlen / rows)
+//! chunks of up to rows_per_chunk consecutive rows, numbered cache-major, then b, head, rows. A chunk
+//! fills a stage (32 KiB) unless the launch asks for fewer rows (BackwardArgs::bulk_chunk_rows: small
+//! caches, so that every block gets several chunks).
+struct BulkWindow {
+  int64_t w0, wlen, rows_per_chunk, per_slab, total, heads, batch;
+  FastDivmod div_slab, div_heads;  // by per_slab and heads: a chunk's cursor without a division
+};
+
+
 //! Everything the kernel reads, with the two variants folded into one shape: the cache-input
 //! gradients gk_out / gv_out are new buffers (out-of-place) or gk / gv themselves (in-place).
 template <typename T>
@@ -32,6 +42,8 @@ struct BackwardArgs {
   int bulk_stages;      // with bulk: stages of the shared-memory ring
   int bulk_slack;       // with bulk: chunk stores that may still read their stage when one is refilled
   int bulk_chunk_rows;  // with bulk: cache rows a chunk has at most (0: as many as a stage holds)
+  BulkWindow bulk_first;  // with bulk: the chunks of the first bitmask window (bulk_window), set by the host
+  int64_t bulk_per_block; // with bulk: chunks of the first window each block copies (bulk_range)
   FastDivmod div_seq;   // token index -> (b, t)
   FastDivmod div_heads;
 };

@@ -405,40 +405,32 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   extern __shared__ __align__(kBulkAlign) uint32_t mask[];
   __shared__ int repeats;
   KVROPE_TRACE_AT(kTraceEntry, 0);
-  const TokenLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
-  const int warps_per_block = blockDim.x / 32;
   const int warp_in_block = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
-  const int64_t windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
   const bool token_warp = a.in_place || warp_in_block < a.token_warps;
-  // Token warps of the grid: warp w of block k is token warp k x per_block + w.
-  const int64_t token_warps_per_block = a.in_place ? warps_per_block : a.token_warps;
-  const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;
 
-  // Work that needs no bitmask starts first: the first token's position, and the copy warp's first
-  // chunks (a.bulk_speculate of them).
-  TokenCursor cursor{};
-  if (token_warp) cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
+  // Work that needs no bitmask starts first, on the shortest instruction path: the copy warp's first
+  // chunks (a.bulk_speculate of them, one lane each), the first token's position.
 #if KVROPE_HAS_BULK_COPY
   BulkRing ring{reinterpret_cast<unsigned char*>(mask) + bulk_ring_offset(mask_bytes(a.window_rows)), nullptr,
                 a.bulk_stages, a.bulk_slack, 0, 0u};
   ring.bars = reinterpret_cast<uint64_t*>(ring.stage(ring.count));
   const bool bulk_warp = a.bulk && !token_warp;
-  const BulkWindow first_window = bulk_warp ? bulk_window(a, row_window(a, 0)) : BulkWindow{};
-  const BulkRange first_range = bulk_warp ? bulk_range(first_window, blockIdx.x, gridDim.x) : BulkRange{};
+  const BulkRange first_range = bulk_warp ? bulk_block_range(a, blockIdx.x) : BulkRange{};
   int64_t prefetched = 0;
   if (bulk_warp) {
     bulk_ring_init(ring, lane);
-    BulkCursor c = BulkCursor::at(first_window, first_range.begin);
-    for (; prefetched < first_range.end - first_range.begin && prefetched < a.bulk_speculate;
-         ++prefetched, c.next(first_window))
-      bulk_load_chunk(a, mask, first_window, c, ring.stage(static_cast<int>(prefetched)), ring.bars + prefetched,
-                      false, lane);
+    prefetched = bulk_speculate(a, mask, ring, first_range, lane);
     KVROPE_TRACE_AT(kTraceStart, 0);
   }
 #else
   constexpr bool bulk_warp = false;
 #endif
+  const int warps_per_block = blockDim.x / 32;
+  const int64_t token_warps_per_block = a.in_place ? warps_per_block : a.token_warps;
+  const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;  // warp w of block k: k x per_block + w
+  TokenCursor cursor{};
+  if (token_warp) cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
 
   // The first window's bitmask. With the bulk copy the token warps build it alone (named barrier 3
   // among them) while the copy warp's loads are under way; otherwise the whole block builds it.
@@ -464,6 +456,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   }
   KVROPE_TRACE_AT(kTraceMask, 0);
   KVROPE_TRACE_AT(kTraceRole, token_warp ? 1 : 2);
+  const int64_t windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
 
   if (a.in_place) {
     // Only whether a row repeats matters here; later windows are scanned until one does.
@@ -478,6 +471,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   if (token_warp) {
     // Rows p zeroed by the token warps: in-place, or out-of-place with a.token_zeros (where a row
     // written twice gets the same zeros twice: no reads of it follow).
+    const TokenLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
     if (a.in_place || a.token_zeros) {
       token_work(a, layout, cursor, token_warps, true, a.in_place && repeats != 0);
     } else {
@@ -493,7 +487,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     for (int64_t win = 0; win < windows; ++win) {
       const RowWindow rows = row_window(a, win);
       if (win > 0) copy_warps_mask(a, mask, rows, copy_thread, copy_threads, &repeats);
-      const BulkWindow w = win == 0 ? first_window : bulk_window(a, rows);
+      const BulkWindow w = win == 0 ? a.bulk_first : bulk_window(a, rows);
       bulk_copy_window(a, mask, w, ring, win == 0 ? first_range : bulk_range(w, blockIdx.x, gridDim.x),
                        win == 0 ? prefetched : 0, lane);
     }

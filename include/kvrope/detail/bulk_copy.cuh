@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "../core/divmod.cuh"
 #include "backward_args.cuh"
 #include "trace.cuh"
 
@@ -43,14 +44,6 @@ __host__ __device__ __forceinline__ RowWindow row_window(const BackwardArgs<T>& 
   return {w0, a.cache_len - w0 < a.window_rows ? a.cache_len - w0 : a.window_rows};
 }
 
-//! The chunks of one bitmask window [w0, w0 + wlen): for every (cache, b, head), ceil(wlen / rows)
-//! chunks of up to rows_per_chunk consecutive rows, numbered cache-major, then b, head, rows. A chunk
-//! fills a stage (32 KiB) unless the launch asks for fewer rows (BackwardArgs::bulk_chunk_rows: small
-//! caches, so that every block gets several chunks).
-struct BulkWindow {
-  int64_t w0, wlen, rows_per_chunk, per_slab, total, heads, batch;
-};
-
 //! A chunk, and the walk from one to the next without divisions: the copy warp is a single warp,
 //! so every instruction of its per-chunk work is on the critical path.
 struct BulkCursor {
@@ -64,12 +57,13 @@ struct BulkCursor {
   }
   __host__ __device__ __forceinline__ static BulkCursor at(const BulkWindow& w, int64_t c) {
     BulkCursor out;
-    const int64_t slab = c / w.per_slab;
-    out.k = c - slab * w.per_slab;
+    uint64_t k = 0, j = 0;
+    const int64_t slab = static_cast<int64_t>(w.div_slab.divmod(static_cast<uint64_t>(c), k));
+    out.k = static_cast<int64_t>(k);
     out.value = slab >= w.batch * w.heads;
     const int64_t bh = out.value ? slab - w.batch * w.heads : slab;
-    out.b = bh / w.heads;
-    out.j = bh - out.b * w.heads;
+    out.b = static_cast<int64_t>(w.div_heads.divmod(static_cast<uint64_t>(bh), j));
+    out.j = static_cast<int64_t>(j);
     out.rows(w);
     return out;
   }
@@ -102,9 +96,11 @@ template <typename T>
 __host__ __device__ __forceinline__ BulkWindow bulk_window(const BackwardArgs<T>& a, const RowWindow& rows) {
   const int64_t stage_rows = kBulkStageBytes / (a.head_dim * int64_t{sizeof(T)});
   const int64_t chunk_rows = a.bulk_chunk_rows > 0 && a.bulk_chunk_rows < stage_rows ? a.bulk_chunk_rows : stage_rows;
-  BulkWindow w{rows.w0, rows.wlen, chunk_rows, 0, 0, a.heads, a.batch};
+  BulkWindow w{rows.w0, rows.wlen, chunk_rows, 0, 0, a.heads, a.batch, {}, {}};
   w.per_slab = (rows.wlen + w.rows_per_chunk - 1) / w.rows_per_chunk;
   w.total = 2 * a.batch * a.heads * w.per_slab;
+  w.div_slab = FastDivmod(static_cast<uint32_t>(w.per_slab));
+  w.div_heads = FastDivmod(static_cast<uint32_t>(a.heads));
   return w;
 }
 
@@ -176,7 +172,9 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 
 __device__ __forceinline__ void bulk_ring_init(const BulkRing& ring, int lane) {
   if (lane == 0) {
-    for (int s = 0; s < ring.count; ++s) cuda::ptx::mbarrier_init(ring.bars + s, 1);
+#pragma unroll
+    for (int s = 0; s < kMaxBulkStages; ++s)
+      if (s < ring.count) cuda::ptx::mbarrier_init(ring.bars + s, 1);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
   __syncwarp();
@@ -214,6 +212,42 @@ __device__ __forceinline__ void bulk_load_chunk(const BackwardArgs<T>& a, const 
   for (int64_t r = lane; r < c.n; r += 32)
     if (!use_mask || !row_marked(mask, c.r0 - w.w0 + r))
       bulk_load(stage + r * row_bytes, src.row(c.b, c.j, c.r0 + r), row_bytes, bar);
+}
+
+//! The block's share of the first window's chunks (bulk_range without its division: the host
+//! computed the share).
+template <typename T>
+__device__ __forceinline__ BulkRange bulk_block_range(const BackwardArgs<T>& a, int64_t block) {
+  const int64_t total = a.bulk_first.total;
+  const int64_t begin = block * a.bulk_per_block < total ? block * a.bulk_per_block : total;
+  return {begin, begin + a.bulk_per_block < total ? begin + a.bulk_per_block : total};
+}
+
+//! Loads the first a.bulk_speculate chunks of the block's range into stages 0, 1, ... before the
+//! bitmask exists (so every row, marked or not). With consecutive rows each chunk is one bulk copy,
+//! issued by its own lane: all of them leave within a few instructions of the kernel's start.
+//! Returns how many chunks were issued.
+template <typename T>
+__device__ __forceinline__ int64_t bulk_speculate(const BackwardArgs<T>& a, const uint32_t* mask,
+                                                  const BulkRing& ring, const BulkRange& range, int lane) {
+  const int64_t count = range.end - range.begin < a.bulk_speculate ? range.end - range.begin : a.bulk_speculate;
+  if (count <= 0) return 0;
+  const BulkWindow& w = a.bulk_first;
+  if (a.gk.seq_stride == a.head_dim && a.gv.seq_stride == a.head_dim) {
+    if (lane < count) {
+      const BulkCursor c = BulkCursor::at(w, range.begin + lane);
+      const HeadRows<const T>& src = c.value ? a.gv : a.gk;
+      const uint32_t bytes = static_cast<uint32_t>(c.n * a.head_dim * int64_t{sizeof(T)});
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                           ring.bars + lane, bytes);
+      bulk_load(ring.stage(lane), src.row(c.b, c.j, c.r0), bytes, ring.bars + lane);
+    }
+    return count;
+  }
+  BulkCursor c = BulkCursor::at(w, range.begin);
+  for (int64_t i = 0; i < count; ++i, c.next(w))
+    bulk_load_chunk(a, mask, w, c, ring.stage(static_cast<int>(i)), ring.bars + i, false, lane);
+  return count;
 }
 
 // Writes zeros to `bytes` bytes at `out` (16-byte aligned, a multiple of 16) from the warp's registers.
