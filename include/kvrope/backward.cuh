@@ -293,6 +293,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.bulk_stages = stages;
   args.bulk_slack = slack;
   args.bulk_chunk_rows = plan.bulk_chunk_rows;
+  args.windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
   if (plan.bulk_copy) {  // the copy warp's first chunks without a division on its path
     args.bulk_first = bulk_window(args, row_window(args, 0));
     args.bulk_per_block = (args.bulk_first.total + plan.grid - 1) / plan.grid;

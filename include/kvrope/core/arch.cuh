@@ -29,7 +29,7 @@ struct LaunchTuning {
   //! With the bulk copy of a small cache (at most 8 chunks per block): how many of its chunks each
   //! block loads before its bitmask of rows in cache_position is built (0 to bulk_stages). The loads
   //! are issued after the bitmask's position loads, so the positions never queue behind them.
-  int bulk_speculate_chunks = 2;
+  int bulk_speculate_chunks = 6;
   //! With the bulk copy of a small cache (when its chunks are speculated, above): the token warps
   //! write the zeros of the cache-input gradient rows in cache_position (as the in-place variant
   //! does) and the copy warp skips those rows, which shortens the copy warp's chain; false, or a

@@ -34,6 +34,7 @@ struct BackwardArgs {
   bool in_place;
   int* error_flag;
   int64_t window_rows;  // cache rows one shared-memory bitmask covers: a multiple of 32
+  int64_t windows;      // bitmask windows the cache has (at least 1)
   int token_parts_log2; // each token is split over 2^token_parts_log2 warps (TokenLayout)
   int token_warps;      // out-of-place: warps [0, token_warps) of each block do token work, the rest copy
   bool bulk;            // out-of-place: the copy is one warp per block driving the bulk-copy engine

@@ -431,6 +431,8 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;  // warp w of block k: k x per_block + w
   TokenCursor cursor{};
   if (token_warp) cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
+  // While the first position is on its way (it is used only once the bitmask is built):
+  const TokenLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
 
   // The first window's bitmask. With the bulk copy the token warps build it alone (named barrier 3
   // among them) while the copy warp's loads are under way; otherwise the whole block builds it.
@@ -456,7 +458,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   }
   KVROPE_TRACE_AT(kTraceMask, 0);
   KVROPE_TRACE_AT(kTraceRole, token_warp ? 1 : 2);
-  const int64_t windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
+  const int64_t windows = a.windows;
 
   if (a.in_place) {
     // Only whether a row repeats matters here; later windows are scanned until one does.
@@ -471,7 +473,6 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   if (token_warp) {
     // Rows p zeroed by the token warps: in-place, or out-of-place with a.token_zeros (where a row
     // written twice gets the same zeros twice: no reads of it follow).
-    const TokenLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
     if (a.in_place || a.token_zeros) {
       token_work(a, layout, cursor, token_warps, true, a.in_place && repeats != 0);
     } else {
@@ -484,12 +485,17 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   const int copy_thread = threadIdx.x - a.token_warps * 32;
 #if KVROPE_HAS_BULK_COPY
   if (bulk_warp) {  // the block's one copy warp (copy_threads == 32)
-    for (int64_t win = 0; win < windows; ++win) {
-      const RowWindow rows = row_window(a, win);
-      if (win > 0) copy_warps_mask(a, mask, rows, copy_thread, copy_threads, &repeats);
-      const BulkWindow w = win == 0 ? a.bulk_first : bulk_window(a, rows);
-      bulk_copy_window(a, mask, w, ring, win == 0 ? first_range : bulk_range(w, blockIdx.x, gridDim.x),
-                       win == 0 ? prefetched : 0, lane);
+    if (windows == 1 && prefetched > 0 && prefetched == first_range.end - first_range.begin && a.token_zeros &&
+        a.gk_out.seq_stride == a.head_dim && a.gv_out.seq_stride == a.head_dim) {
+      bulk_store_speculated(a, mask, ring, first_range, lane);  // a small cache: every chunk in a stage
+    } else {
+      for (int64_t win = 0; win < windows; ++win) {
+        const RowWindow rows = row_window(a, win);
+        if (win > 0) copy_warps_mask(a, mask, rows, copy_thread, copy_threads, &repeats);
+        const BulkWindow w = win == 0 ? a.bulk_first : bulk_window(a, rows);
+        bulk_copy_window(a, mask, w, ring, win == 0 ? first_range : bulk_range(w, blockIdx.x, gridDim.x),
+                         win == 0 ? prefetched : 0, lane);
+      }
     }
     KVROPE_TRACE_AT(kTraceLastStore, 0);
     bulk_drain();

@@ -116,10 +116,12 @@ __device__ __forceinline__ uint32_t marked_rows(const uint32_t* mask, const Bulk
   return __reduce_add_sync(0xffffffffu, marked);
 }
 
-// The first row in [from, limit) marked in the mask (window-local rows), or limit: a word at a time.
-__device__ __forceinline__ int64_t next_marked(const uint32_t* mask, int64_t from, int64_t limit) {
+// The first row in [from, limit) marked in the mask (window-local rows), or limit, a word at a time;
+// with `unmarked`, the first row not marked.
+__device__ __forceinline__ int64_t next_marked(const uint32_t* mask, int64_t from, int64_t limit,
+                                               bool unmarked = false) {
   for (int64_t base = from & ~int64_t{31}; base < limit; base += 32) {
-    uint32_t word = mask[base >> 5];
+    uint32_t word = mask[base >> 5] ^ (unmarked ? ~0u : 0u);
     if (base < from) word &= ~0u << (from - base);
     if (word != 0) {
       const int64_t at = base + __ffs(word) - 1;
@@ -248,6 +250,34 @@ __device__ __forceinline__ int64_t bulk_speculate(const BackwardArgs<T>& a, cons
   for (int64_t i = 0; i < count; ++i, c.next(w))
     bulk_load_chunk(a, mask, w, c, ring.stage(static_cast<int>(i)), ring.bars + i, false, lane);
   return count;
+}
+
+//! A small cache, whose block's chunks were all speculated into stages 0, 1, ...: once the bitmask
+//! is built, lane i stores chunk i (its rows not in cache_position, one bulk store per run of them;
+//! the token warps write the zeros: a.token_zeros), so the chunks' work runs side by side, not one
+//! after the other on the warp's single instruction stream. Consecutive rows only.
+template <typename T>
+__device__ __forceinline__ void bulk_store_speculated(const BackwardArgs<T>& a, const uint32_t* mask,
+                                                      const BulkRing& ring, const BulkRange& range, int lane) {
+  if (lane < range.end - range.begin) {
+    const BulkWindow& w = a.bulk_first;
+    const BulkCursor c = BulkCursor::at(w, range.begin + lane);
+    const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
+    const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
+    unsigned char* stage = ring.stage(lane);
+    const int64_t base = c.r0 - w.w0;  // the chunk's first row in the window
+    while (!cuda::ptx::mbarrier_try_wait_parity(ring.bars + lane, 0u)) {
+    }
+    KVROPE_TRACE_AT(kTraceFirstData, 0);
+    for (int64_t r = 0; r < c.n;) {
+      const int64_t end = next_marked(mask, base + r, base + c.n) - base;  // rows [r, end) not marked
+      if (end > r)
+        cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0 + r),
+                                 stage + r * row_bytes, static_cast<uint32_t>((end - r) * row_bytes));
+      r = end < c.n ? next_marked(mask, base + end, base + c.n, true) - base : c.n;  // past the marked ones
+    }
+    cuda::ptx::cp_async_bulk_commit_group();
+  }
 }
 
 // Writes zeros to `bytes` bytes at `out` (16-byte aligned, a multiple of 16) from the warp's registers.
