@@ -129,6 +129,7 @@ void print_usage() {
       "  --bulk_min_chunks=N         LaunchTuning::bulk_min_chunks_per_block (0: 32 KiB chunks always)\n"
       "  --bulk_spec=N               LaunchTuning::bulk_speculate_chunks (chunks loaded before the bitmask)\n"
       "  --token_zeros=0|1           LaunchTuning::token_zeros (token warps write the zeros of rows p)\n"
+      "  --mask_late=0|1             LaunchTuning::mask_after_first_item (token warps' bitmask share after their first item)\n"
       "  --bulk=0|1                  LaunchTuning::bulk_copy (0: the register copy path)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
@@ -230,6 +231,9 @@ Options parse_options(int* argc, char** argv) {
       opt.tuned = true;
     } else if (key == "--bulk_spec") {
       opt.tuning.bulk_speculate_chunks = static_cast<int>(parse_int(arg, value, 0));
+      opt.tuned = true;
+    } else if (key == "--mask_late") {
+      opt.tuning.mask_after_first_item = parse_int(arg, value, 0) != 0;
       opt.tuned = true;
     } else if (key == "--token_zeros") {
       opt.tuning.token_zeros = parse_int(arg, value, 0) != 0;

@@ -290,6 +290,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.token_parts_log2 = parts_log2;
   args.bulk_speculate = speculate;
   args.token_zeros = tune.token_zeros && speculate > 0;
+  args.mask_late = plan.bulk_copy && tune.mask_after_first_item;
   args.bulk_stages = stages;
   args.bulk_slack = slack;
   args.bulk_chunk_rows = plan.bulk_chunk_rows;

@@ -112,15 +112,18 @@ TEST_CASE("every launch tuning stays right: token zeros, speculated chunks, chun
     for (const bool token_zeros : {false, true})
       for (const int spec : {0, 1, 6})
         for (const int min_chunks : {0, 8})
-          for (const bool bulk : {true, false}) {
-            if (!bulk && (spec != 0 || min_chunks != 0)) continue;  // those knobs are the bulk copy's
+          for (const bool bulk : {true, false})
+            for (const bool late : {true, false}) {
+            if (!bulk && (spec != 0 || min_chunks != 0 || !late)) continue;  // those knobs are the bulk copy's
+            if (!late && (spec != 6 || min_chunks != 0)) continue;
             LaunchTuning tuning = default_tuning(9, 0);
             tuning.token_zeros = token_zeros;
             tuning.bulk_speculate_chunks = spec;
             tuning.bulk_min_chunks_per_block = min_chunks;
             tuning.bulk_copy = bulk;
+            tuning.mask_after_first_item = late;
             INFO("token_zeros " << token_zeros << " spec " << spec << " min_chunks " << min_chunks << " bulk "
-                                << bulk);
+                                << bulk << " mask_after_first_item " << late);
             p.launch_and_check([&] { REQUIRE(kv_cache_rope_backward(p.device_params(), tuning).ok()); });
           }
   }

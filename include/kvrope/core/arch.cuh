@@ -35,6 +35,10 @@ struct LaunchTuning {
   //! does) and the copy warp skips those rows, which shortens the copy warp's chain; false, or a
   //! larger cache: the copy warp writes them.
   bool token_zeros = true;
+  //! With the bulk copy: each token warp adds its share of the bitmask after its first item, so that
+  //! the item's position and rows are loaded ahead of the bitmask's positions (and of the copy's
+  //! speculative loads, which otherwise delay both); false: before it.
+  bool mask_after_first_item = true;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the

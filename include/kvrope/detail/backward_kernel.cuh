@@ -331,11 +331,13 @@ __device__ __forceinline__ TokenCursor first_token(const BackwardArgs<T>& a, int
 // Warp w of `warps` handles items w, w + warps, ...; with `zero_rows` (in-place) each zeroes its part
 // of the row after reading it, or, when rows repeat, the first token of a row handles all of them.
 // The next item's position is loaded before the current item's rows, so its latency is hidden.
-template <typename T, int kHeadDim, int kVec>
+// `after_first` runs once: after the warp's first item, or at once when it has none.
+template <typename T, int kHeadDim, int kVec, typename F>
 __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout, TokenCursor next,
-                           int64_t warps, bool zero_rows, bool repeats) {
+                           int64_t warps, bool zero_rows, bool repeats, F&& after_first) {
   const int lane = threadIdx.x & 31;
   const int64_t items = (a.batch * a.seq_len) << a.token_parts_log2;
+  if (next.item >= items) after_first();
   while (next.item < items) {
     const TokenCursor cur = next;
     next = first_token(a, cur.item + warps);
@@ -345,9 +347,10 @@ __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim,
     } else {
       process_token(a, layout, cur.part, cur.b, cur.t, cur.r, zero_rows, lane);
     }
-#ifdef KVROPE_TRACE
-    if (cur.item < warps) KVROPE_TRACE_AT(kTraceStart, 0);
-#endif
+    if (cur.item < warps) {
+      KVROPE_TRACE_AT(kTraceStart, 0);
+      after_first();
+    }
   }
 }
 
@@ -435,11 +438,13 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   const TokenLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
 
   // The first window's bitmask. With the bulk copy the token warps build it alone (named barrier 3
-  // among them) while the copy warp's loads are under way; otherwise the whole block builds it.
+  // among them) while the copy warp's loads are under way, and with a.mask_late only after their
+  // first item (whose loads then go before theirs); otherwise the whole block builds it first.
   // Out-of-place, only the copy warps use it: the token warps add their share and go on without
   // waiting for the others (barrier 2).
+  const int builders = a.bulk ? a.token_warps * 32 : static_cast<int>(blockDim.x);
+  const bool late = a.bulk && a.mask_late;
   if (!bulk_warp) {
-    const int builders = a.bulk ? a.token_warps * 32 : static_cast<int>(blockDim.x);
     if (threadIdx.x == 0) repeats = 0;
     for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += builders) mask[i] = 0;
     if (a.bulk) {
@@ -447,14 +452,18 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     } else {
       __syncthreads();
     }
-    build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats);
+    if (!late) build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats);
   }
+  auto arrive_with_mask = [&] {
+    if (late) build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats);
+    asm volatile("bar.arrive 2, %0;" ::"r"(blockDim.x) : "memory");
+  };
   if (a.in_place) {
     __syncthreads();
-  } else if (token_warp) {
-    asm volatile("bar.arrive 2, %0;" ::"r"(blockDim.x) : "memory");
-  } else {
+  } else if (!token_warp) {
     asm volatile("bar.sync 2, %0;" ::"r"(blockDim.x) : "memory");
+  } else if (!late) {
+    arrive_with_mask();
   }
   KVROPE_TRACE_AT(kTraceMask, 0);
   KVROPE_TRACE_AT(kTraceRole, token_warp ? 1 : 2);
@@ -473,10 +482,13 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   if (token_warp) {
     // Rows p zeroed by the token warps: in-place, or out-of-place with a.token_zeros (where a row
     // written twice gets the same zeros twice: no reads of it follow).
+    auto after_first = [&] {
+      if (late) arrive_with_mask();
+    };
     if (a.in_place || a.token_zeros) {
-      token_work(a, layout, cursor, token_warps, true, a.in_place && repeats != 0);
+      token_work(a, layout, cursor, token_warps, true, a.in_place && repeats != 0, after_first);
     } else {
-      token_work(a, layout, cursor, token_warps, false, false);
+      token_work(a, layout, cursor, token_warps, false, false, after_first);
     }
     KVROPE_TRACE_AT(kTraceDone, 0);
     return;
