@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
 
   // Launch parameters: the device's defaults, with any of these environment variables changing one
   // (for traces of a variant): KVROPE_SPEC (bulk_speculate_chunks), KVROPE_TOKEN_ZEROS (0/1),
-  // KVROPE_MIN_CHUNKS (bulk_min_chunks_per_block), KVROPE_STAGES (bulk_stages).
+  // KVROPE_MIN_CHUNKS (bulk_min_chunks_per_block), KVROPE_STAGES (bulk_stages), KVROPE_MASK_LATE
+  // (mask_after_first_item, 0/1), KVROPE_FLUSH (0: no L2 flush before a launch).
   int device = 0, major = 0, minor = 0;
   PROBE_CHECK(cudaGetDevice(&device));
   PROBE_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -101,6 +102,7 @@ int main(int argc, char** argv) {
   tuning.token_zeros = env_int("KVROPE_TOKEN_ZEROS", tuning.token_zeros) != 0;
   tuning.bulk_min_chunks_per_block = env_int("KVROPE_MIN_CHUNKS", tuning.bulk_min_chunks_per_block);
   tuning.bulk_stages = env_int("KVROPE_STAGES", tuning.bulk_stages);
+  tuning.mask_after_first_item = env_int("KVROPE_MASK_LATE", tuning.mask_after_first_item) != 0;
   const bool flush_l2 = env_int("KVROPE_FLUSH", 1) != 0;  // 0: caches warm (the previous launch's data)
 
   kvrope::BackwardPlan plan;
