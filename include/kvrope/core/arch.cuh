@@ -35,10 +35,10 @@ struct LaunchTuning {
   //! does) and the copy warp skips those rows, which shortens the copy warp's chain; false, or a
   //! larger cache: the copy warp writes them.
   bool token_zeros = true;
-  //! With the bulk copy: each token warp adds its share of the bitmask after its first item, so that
-  //! the item's position and rows are loaded ahead of the bitmask's positions (and of the copy's
-  //! speculative loads, which otherwise delay both); false: before it.
-  bool mask_after_first_item = true;
+  //! With the bulk copy: each token warp adds its share of the bitmask after its first item (whose
+  //! position and rows then load ahead of the bitmask's positions), not before. Measured slower on
+  //! the H200 (the copy's data then waits behind the token traffic: docs/perf-notes.md, v5), so off.
+  bool mask_after_first_item = false;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the
