@@ -33,8 +33,8 @@ __host__ __device__ inline constexpr int64_t mask_bytes(int64_t window_rows) { r
 inline constexpr int64_t kMaxWindowRows = 65536;  // 8 KiB of bitmask
 //! The most dynamic shared memory a launch asks for: the largest bitmask and the bulk-copy ring.
 inline constexpr int64_t kMaxSharedBytes = bulk_ring_offset(mask_bytes(kMaxWindowRows)) + bulk_ring_bytes(kMaxBulkStages);
-//! Bulk copy: blocks load their first chunk before the bitmask when the window has at most this many
-//! chunks per block.
+//! Bulk copy: blocks load their first chunks before the bitmask (LaunchTuning::bulk_speculate_chunks)
+//! when the window has at most this many chunks per block.
 inline constexpr int64_t kSpeculateChunksPerBlock = 8;
 //! Positions each thread building a bitmask loads at once, before their atomics (one round trip).
 inline constexpr int kMaskLoads = 4;
@@ -398,11 +398,12 @@ __device__ __forceinline__ void copy_warps_mask(const BackwardArgs<T>& a, uint32
 //!
 //! Out-of-place, every block splits its warps by role so that both run at once on every SM: warps
 //! [0, token_warps) do the token work, the others copy every cache row not in cache_position and
-//! write zeros to those that are (a bitmask in shared memory tells them apart), so each output row
-//! is written exactly once. With `a.bulk` (16-byte aligned rows on sm_90 and later) the copy is one
-//! warp driving the bulk-copy engine through a ring of shared-memory stages; otherwise the copy
-//! warps move the rows through registers. In-place, every block first learns whether a row repeats
-//! (the bitmask again), then all its warps do token work.
+//! write zeros to those that are (a bitmask in shared memory tells them apart; with a.token_zeros
+//! the token warps write those zeros instead). With `a.bulk` (16-byte aligned rows on sm_90 and
+//! later) the copy is one warp driving the bulk-copy engine through a ring of shared-memory stages,
+//! which starts its first loads at once and leaves the bitmask to the token warps; otherwise the
+//! copy warps move the rows through registers. In-place, every block first learns whether a row
+//! repeats (the bitmask again), then all its warps do token work.
 template <typename T, int kHeadDim, int kVec>
 __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const BackwardArgs<T> a) {
   extern __shared__ __align__(kBulkAlign) uint32_t mask[];
