@@ -113,11 +113,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("B %lld S %lld S_max %lld H %lld D %lld %s: grid %d block %d shared %d token_warps %d parts %d bulk %d"
-              " chunk_rows %d spec %d token_zeros %d%s\n",
+              " chunk_rows %d speculated %d token_zeros %d%s\n",
               static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(L),
               static_cast<long long>(H), static_cast<long long>(D), in_place ? "inplace" : "fused", plan.grid,
               plan.block, plan.shared_bytes, plan.token_warps, plan.token_parts, static_cast<int>(plan.bulk_copy),
-              plan.bulk_chunk_rows, tuning.bulk_speculate_chunks, static_cast<int>(tuning.token_zeros),
+              plan.bulk_chunk_rows, plan.bulk_speculated_chunks, static_cast<int>(plan.token_zeros),
               flush_l2 ? "" : " (L2 warm)");
   cudaEvent_t start, stop;
   PROBE_CHECK(cudaEventCreate(&start));

@@ -37,6 +37,8 @@ struct BackwardPlan {
   bool bulk_copy = false;     //!< out-of-place: one warp per block copies the caches with the bulk-copy engine (sm_90+)
   int token_parts = 1;        //!< warps sharing one token (a power of two): more when tokens are fewer than token warps
   int bulk_chunk_rows = 0;    //!< with bulk_copy: cache rows per chunk of the copy (fewer than a 32 KiB stage holds for small caches)
+  int bulk_speculated_chunks = 0;  //!< with bulk_copy: chunks each block loads before its bitmask exists (small caches)
+  bool token_zeros = false;   //!< the token warps write the zeros of rows cache_position of the cache-input gradients
 };
 
 namespace detail {
@@ -138,6 +140,31 @@ inline int token_parts_log2(int64_t tokens, int64_t token_warps, int64_t heads, 
   return log2;
 }
 
+// Whether `kernel`'s device code has the bulk copy: compiled for sm_90 or later. A build that carries
+// only PTX for an older GPU runs on Hopper through the JIT with the register copy in its code, so the
+// device's compute capability alone does not tell. Cached per kernel and device.
+template <typename Kernel>
+Status kernel_has_bulk_copy(Kernel kernel, int device, bool* out) {
+  struct Entry {
+    const void* kernel;
+    int device;
+    bool bulk;
+  };
+  thread_local Entry cache[8] = {};
+  thread_local int next = 0;
+  for (const Entry& e : cache)
+    if (e.kernel == reinterpret_cast<const void*>(kernel) && e.device == device) {
+      *out = e.bulk;
+      return {};
+    }
+  cudaFuncAttributes attr{};
+  if (Status s = cuda_status(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes"); !s) return s;
+  *out = attr.ptxVersion >= 90;
+  cache[next] = Entry{reinterpret_cast<const void*>(kernel), device, *out};
+  next = (next + 1) % 8;
+  return {};
+}
+
 // Blocks of `kernel` resident per SM at this block size; cached per kernel, device and shape since
 // the occupancy query costs a few microseconds of host time.
 template <typename Kernel>
@@ -219,8 +246,11 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t ring_offset = bulk_ring_offset(mask_bytes(a.window_rows));
   const int fitting = static_cast<int>(std::max<int64_t>(0, (shared_optin - ring_offset) / bulk_ring_bytes(1)));
   const int stages = std::min(std::clamp(tune.bulk_stages, 2, kMaxBulkStages), fitting);
-  plan.bulk_copy = tune.bulk_copy && vec && !a.in_place && copy_elems > 0 && major >= 9 && row_bytes <= kBulkStageBytes &&
-                   plan.block >= 64 && stages >= 2;
+  bool compiled_bulk = false;
+  if (tune.bulk_copy && major >= 9)
+    if (Status s = kernel_has_bulk_copy(kernel, device, &compiled_bulk); !s) return s;
+  plan.bulk_copy = tune.bulk_copy && vec && !a.in_place && copy_elems > 0 && compiled_bulk &&
+                   row_bytes <= kBulkStageBytes && plan.block >= 64 && stages >= 2;
   const int slack = std::clamp(tune.bulk_store_slack, 1, std::max(1, std::min(stages - 1, kMaxBulkSlack)));
   plan.shared_bytes = static_cast<int>(plan.bulk_copy ? ring_offset + bulk_ring_bytes(stages) : mask_bytes(a.window_rows));
   int resident = 0;
@@ -289,7 +319,9 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.bulk = plan.bulk_copy;
   args.token_parts_log2 = parts_log2;
   args.bulk_speculate = speculate;
+  plan.bulk_speculated_chunks = speculate;
   args.token_zeros = tune.token_zeros && speculate > 0;
+  plan.token_zeros = args.token_zeros;
   args.mask_late = plan.bulk_copy && tune.mask_after_first_item;
   args.bulk_stages = stages;
   args.bulk_slack = slack;

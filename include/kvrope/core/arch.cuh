@@ -27,8 +27,9 @@ struct LaunchTuning {
   //! and less) are cut; 4 was slower on 8 MiB caches, 0 slower on the 1 MiB one.
   int bulk_min_chunks_per_block = 1;
   //! With the bulk copy of a small cache (at most 8 chunks per block): how many of its chunks each
-  //! block loads before its bitmask of rows in cache_position is built (0 to bulk_stages). The loads
-  //! are issued after the bitmask's position loads, so the positions never queue behind them.
+  //! block loads at the kernel's start, before its bitmask of rows in cache_position is built (0 to
+  //! bulk_stages). Only when the token warps load every position in their first round: a later
+  //! round would queue behind these loads.
   int bulk_speculate_chunks = 6;
   //! With the bulk copy of a small cache (when its chunks are speculated, above): the token warps
   //! write the zeros of the cache-input gradient rows in cache_position (as the in-place variant

@@ -17,7 +17,6 @@ struct BulkWindow {
   FastDivmod div_slab, div_heads;  // by per_slab and heads: a chunk's cursor without a division
 };
 
-
 //! Everything the kernel reads, with the two variants folded into one shape: the cache-input
 //! gradients gk_out / gv_out are new buffers (out-of-place) or gk / gv themselves (in-place).
 template <typename T>

@@ -164,7 +164,8 @@ __device__ __forceinline__ void head_sum_and_store(T* gcos, T* gsin, int64_t h, 
 }
 
 // Part `part` of token (b, t), whose cache row is r (-1: bad position, outputs zero). With zero_row,
-// the rows r of gk_out / gv_out are zeroed after being read by the same lanes (in-place variant).
+// the rows r of gk_out / gv_out are zeroed after being read by the same lanes (in-place, or
+// out-of-place with a.token_zeros).
 template <typename T, int kHeadDim, int kVec>
 __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& w,
                                               int part, int64_t b, int64_t t, int64_t r, bool zero_row, int lane) {
@@ -328,8 +329,9 @@ __device__ __forceinline__ TokenCursor first_token(const BackwardArgs<T>& a, int
   return c;
 }
 
-// Warp w of `warps` handles items w, w + warps, ...; with `zero_rows` (in-place) each zeroes its part
-// of the row after reading it, or, when rows repeat, the first token of a row handles all of them.
+// Warp w of `warps` handles items w, w + warps, ...; with `zero_rows` (in-place, or a.token_zeros)
+// each zeroes its part of the row after reading it, or, in-place when rows repeat, the first token of
+// a row handles all of them.
 // The next item's position is loaded before the current item's rows, so its latency is hidden.
 // `after_first` runs once: after the warp's first item, or at once when it has none.
 template <typename T, int kHeadDim, int kVec, typename F>
@@ -443,12 +445,19 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   // first item (whose loads then go before theirs); otherwise the whole block builds it first.
   // Out-of-place, only the copy warps use it: the token warps add their share and go on without
   // waiting for the others (barrier 2).
-  const int builders = a.bulk ? a.token_warps * 32 : static_cast<int>(blockDim.x);
-  const bool late = a.bulk && a.mask_late;
+  // (Device code without the bulk copy — PTX for an older GPU — never has a copy warp of that kind:
+  // its copy warps help build the bitmask and move the rows through registers.)
+#if KVROPE_HAS_BULK_COPY
+  const bool bulk_build = a.bulk;
+#else
+  constexpr bool bulk_build = false;
+#endif
+  const int builders = bulk_build ? a.token_warps * 32 : static_cast<int>(blockDim.x);
+  const bool late = bulk_build && a.mask_late;
   if (!bulk_warp) {
     if (threadIdx.x == 0) repeats = 0;
     for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += builders) mask[i] = 0;
-    if (a.bulk) {
+    if (bulk_build) {
       asm volatile("bar.sync 3, %0;" ::"r"(builders) : "memory");
     } else {
       __syncthreads();

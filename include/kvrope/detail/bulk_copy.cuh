@@ -183,8 +183,8 @@ __device__ __forceinline__ void bulk_ring_init(const BulkRing& ring, int lane) {
 }
 
 // Starts loading chunk c into a stage. Rows marked in the mask are not loaded (the token work reads
-// them; their output is zeros, filled in at store time). Without the mask (speculative loads
-// issued before it is built) every row is loaded.
+// them; their output is zeros, written at store time or by the token warps). Without the mask
+// (speculative loads issued before it is built) every row is loaded.
 template <typename T>
 __device__ __forceinline__ void bulk_load_chunk(const BackwardArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
                                                 const BulkCursor& c, unsigned char* stage, uint64_t* bar,
