@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that builds, tests, sanitizes and benchmarks (see ../shared/device/README.md).
 # Run on the GPU machine from the repository root after `source .deps/gpu-env.sh`; writes logs to
-# $OUT (or ./out) and prints a short table last.
+# $OUT (or ./out), prints a short table last, and packs every log into $OUT/0-all-logs.tgz.
 #   STAGES   which stages to run (unset: "build test bench racecheck memcheck initcheck synccheck"; bench runs before the sanitizers; empty: none)
 #   RANDOM_CONFIGS  configurations of the long randomized test (default 2000; RANDOM_TIMEOUT s at most, 300)
 #   BENCH_TIMEOUT   seconds the benchmark may take (default 400); ctest runs with --timeout 120
@@ -67,4 +67,7 @@ for experiment in ${EXPERIMENTS:-}; do
   echo "experiment $name"
   grep -E "^(fused|inplace).*geomean" "$out/bench-$name.log"
 done
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+# The device tool brings back only a few files of $OUT (8 in 2026-11): everything in one archive whose
+# name sorts first, so that it always comes back.
+(cd "$out" && tar czf 0-all-logs.tgz --exclude=0-all-logs.tgz . 2>/dev/null)

@@ -22,3 +22,5 @@ for entry in "${entries[@]}"; do
   grep -E '^fused geomean' "$out/sweep-$name.log" | sed 's/fused geomean us = /| geomean /'
   echo
 done
+# The device tool brings back only a few files of $OUT: the per-entry logs in one archive too.
+(cd "$out" && tar czf 0-sweep-logs.tgz sweep-*.log sweep-*.json 2>/dev/null)
