@@ -329,7 +329,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
   if (plan.bulk_copy) {  // the copy warp's first chunks without a division on its path
     args.bulk_first = bulk_window(args, row_window(args, 0));
-    args.bulk_per_block = (args.bulk_first.total + plan.grid - 1) / plan.grid;
+    args.bulk_per_block = bulk_chunks_per_block(args.bulk_first.total, plan.grid);
   }
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};

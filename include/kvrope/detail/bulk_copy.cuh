@@ -86,10 +86,17 @@ struct BulkCursor {
 struct BulkRange {
   int64_t begin, end;
 };
+//! Chunks each of `blocks` blocks takes of `total`, in contiguous ranges.
+__host__ __device__ __forceinline__ int64_t bulk_chunks_per_block(int64_t total, int64_t blocks) {
+  return (total + blocks - 1) / blocks;
+}
+//! Block `block`'s range when every block takes `per_block` of the `total` chunks.
+__host__ __device__ __forceinline__ BulkRange bulk_range_of(int64_t total, int64_t per_block, int64_t block) {
+  const int64_t begin = block * per_block < total ? block * per_block : total;
+  return {begin, begin + per_block < total ? begin + per_block : total};
+}
 __host__ __device__ __forceinline__ BulkRange bulk_range(const BulkWindow& w, int64_t block, int64_t blocks) {
-  const int64_t per_block = (w.total + blocks - 1) / blocks;
-  const int64_t begin = block * per_block < w.total ? block * per_block : w.total;
-  return {begin, begin + per_block < w.total ? begin + per_block : w.total};
+  return bulk_range_of(w.total, bulk_chunks_per_block(w.total, blocks), block);
 }
 
 template <typename T>
@@ -172,6 +179,11 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 #endif
 }
 
+// A bulk store of this block's shared memory to global memory (completion: bulk groups).
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, int64_t bytes) {
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst, src, static_cast<uint32_t>(bytes));
+}
+
 __device__ __forceinline__ void bulk_ring_init(const BulkRing& ring, int lane) {
   if (lane == 0) {
 #pragma unroll
@@ -220,9 +232,7 @@ __device__ __forceinline__ void bulk_load_chunk(const BackwardArgs<T>& a, const 
 //! computed the share).
 template <typename T>
 __device__ __forceinline__ BulkRange bulk_block_range(const BackwardArgs<T>& a, int64_t block) {
-  const int64_t total = a.bulk_first.total;
-  const int64_t begin = block * a.bulk_per_block < total ? block * a.bulk_per_block : total;
-  return {begin, begin + a.bulk_per_block < total ? begin + a.bulk_per_block : total};
+  return bulk_range_of(a.bulk_first.total, a.bulk_per_block, block);
 }
 
 //! Loads the first a.bulk_speculate chunks of the block's range into stages 0, 1, ... before the
@@ -272,8 +282,7 @@ __device__ __forceinline__ void bulk_store_speculated(const BackwardArgs<T>& a, 
     for (int64_t r = 0; r < c.n;) {
       const int64_t end = next_marked(mask, base + r, base + c.n) - base;  // rows [r, end) not marked
       if (end > r)
-        cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0 + r),
-                                 stage + r * row_bytes, static_cast<uint32_t>((end - r) * row_bytes));
+        bulk_store(dst.row(c.b, c.j, c.r0 + r), stage + r * row_bytes, (end - r) * row_bytes);
       r = end < c.n ? next_marked(mask, base + end, base + c.n, true) - base : c.n;  // past the marked ones
     }
     cuda::ptx::cp_async_bulk_commit_group();
@@ -303,9 +312,7 @@ __device__ __forceinline__ void bulk_store_chunk(const BackwardArgs<T>& a, const
   const uint32_t marked = marked_rows(mask, w, c, lane);
   const bool consecutive = dst.seq_stride == a.head_dim;
   if (marked == 0 && consecutive) {
-    if (lane == 0)
-      cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0), stage,
-                               static_cast<uint32_t>(c.n * row_bytes));
+    if (lane == 0) bulk_store(dst.row(c.b, c.j, c.r0), stage, c.n * row_bytes);
   } else if (marked == static_cast<uint32_t>(c.n) && (consecutive || a.token_zeros)) {
     if (!a.token_zeros) zero_run(dst.row(c.b, c.j, c.r0), c.n * row_bytes, lane);
   } else {
@@ -316,14 +323,12 @@ __device__ __forceinline__ void bulk_store_chunk(const BackwardArgs<T>& a, const
         const uint4 zero = make_uint4(0, 0, 0, 0);
         for (int64_t i = 0; i < row_bytes / 16; ++i) __stcs(reinterpret_cast<uint4*>(out) + i, zero);
       } else if (!consecutive) {
-        cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, out, stage + r * row_bytes,
-                                 static_cast<uint32_t>(row_bytes));
+        bulk_store(out, stage + r * row_bytes, row_bytes);
       }
     }
     if (consecutive) {  // the loaded rows: one store per run of unmarked rows
       for_each_unmarked_run(mask, w, c, lane, [&](int64_t r, int64_t n) {
-        cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst.row(c.b, c.j, c.r0 + r),
-                                 stage + r * row_bytes, static_cast<uint32_t>(n * row_bytes));
+        bulk_store(dst.row(c.b, c.j, c.r0 + r), stage + r * row_bytes, n * row_bytes);
       });
     }
   }
