@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <tuple>
 
 #include "backward_params.cuh"
 #include "core/arch.cuh"
@@ -140,63 +141,57 @@ inline int token_parts_log2(int64_t tokens, int64_t token_warps, int64_t heads, 
   return log2;
 }
 
+// A per-thread cache of a host-side query (each costs microseconds of host time): the value for
+// `key`, computed by query(&value) on a miss; the 8 newest keys are kept. One cache per call site.
+template <typename Key, typename Value, typename Query>
+Status cached_query(const Key& key, Value* out, Query&& query) {
+  struct Entry {
+    Key key;
+    Value value;
+  };
+  thread_local Entry cache[8] = {};
+  thread_local int used = 0, next = 0;
+  for (int i = 0; i < used; ++i)
+    if (cache[i].key == key) {
+      *out = cache[i].value;
+      return {};
+    }
+  if (Status s = query(out); !s) return s;
+  cache[next] = Entry{key, *out};
+  next = (next + 1) % 8;
+  used = used < 8 ? used + 1 : 8;
+  return {};
+}
+
 // Whether `kernel`'s device code has the bulk copy: compiled for sm_90 or later. A build that carries
 // only PTX for an older GPU runs on Hopper through the JIT with the register copy in its code, so the
 // device's compute capability alone does not tell. Cached per kernel and device.
 template <typename Kernel>
 Status kernel_has_bulk_copy(Kernel kernel, int device, bool* out) {
-  struct Entry {
-    const void* kernel;
-    int device;
-    bool bulk;
-  };
-  thread_local Entry cache[8] = {};
-  thread_local int next = 0;
-  for (const Entry& e : cache)
-    if (e.kernel == reinterpret_cast<const void*>(kernel) && e.device == device) {
-      *out = e.bulk;
-      return {};
-    }
-  cudaFuncAttributes attr{};
-  if (Status s = cuda_status(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes"); !s) return s;
-  *out = attr.ptxVersion >= 90;
-  cache[next] = Entry{reinterpret_cast<const void*>(kernel), device, *out};
-  next = (next + 1) % 8;
-  return {};
+  return cached_query(std::make_tuple(reinterpret_cast<const void*>(kernel), device), out, [&](bool* bulk) {
+    cudaFuncAttributes attr{};
+    if (Status s = cuda_status(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes"); !s) return s;
+    *bulk = attr.ptxVersion >= 90;
+    return Status{};
+  });
 }
 
 // Blocks of `kernel` resident per SM at this block size; cached per kernel, device and shape since
 // the occupancy query costs a few microseconds of host time.
 template <typename Kernel>
 Status resident_blocks(Kernel kernel, int device, int block, int shared_bytes, int shared_optin, int* out) {
-  struct Entry {
-    const void* kernel;
-    int device, block, shared_bytes, blocks;
-  };
-  thread_local Entry cache[8] = {};
-  thread_local int next = 0;
-  for (const Entry& e : cache)
-    if (e.kernel == reinterpret_cast<const void*>(kernel) && e.device == device && e.block == block &&
-        e.shared_bytes == shared_bytes) {
-      *out = e.blocks;
-      return {};
-    }
-  // Once per kernel and device: allow the largest dynamic shared memory any launch of it asks for,
-  // within what the device allows a block.
-  const int allowed = static_cast<int>(std::min<int64_t>(kMaxSharedBytes, shared_optin));
-  if (Status s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, allowed),
-                             "cudaFuncSetAttribute");
-      !s)
-    return s;
-  int blocks = 0;
-  if (Status s = cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block, shared_bytes),
-                             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-      !s)
-    return s;
-  cache[next] = Entry{reinterpret_cast<const void*>(kernel), device, block, shared_bytes, blocks};
-  next = (next + 1) % 8;
-  *out = blocks;
-  return {};
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, block, shared_bytes);
+  return cached_query(key, out, [&](int* blocks) {
+    // Once per kernel and device: allow the largest dynamic shared memory any launch of it asks for,
+    // within what the device allows a block.
+    const int allowed = static_cast<int>(std::min<int64_t>(kMaxSharedBytes, shared_optin));
+    if (Status s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, allowed),
+                               "cudaFuncSetAttribute");
+        !s)
+      return s;
+    return cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, block, shared_bytes),
+                       "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  });
 }
 
 // Picks the instance and the grid; launches it unless `plan_only`.

@@ -1,9 +1,11 @@
 // Host tests of how the token work is split: every (head, chunk pair) of a token is covered by
 // exactly one lane of exactly one of its parts, with a chunk pair's heads in one warp, and the
-// launch's choice of parts (token_parts_log2) stays within what the grid and the row can use.
+// launch's choice of parts (token_parts_log2) stays within what the grid and the row can use; and the
+// launch's cache of per-kernel queries.
 #include <kvrope/kvrope.cuh>
 
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -76,4 +78,27 @@ TEST_CASE("a token gets as many warps as the grid allows, up to what its row can
             CHECK((128 / 2 / vec) * slots >= (int64_t{32} << log2));  // no part without a chunk
           }
         }
+}
+
+TEST_CASE("the launch's per-kernel query cache asks once per key and keeps the 8 newest", "[host][launch]") {
+  using kvrope::Status;
+  int asked = 0;
+  auto ask = [&](int key) {
+    int value = -1;
+    REQUIRE(kvrope::detail::cached_query(std::make_tuple(key), &value, [&](int* v) {
+              ++asked;
+              *v = 10 * key;
+              return Status{};
+            }).ok());
+    return value;
+  };
+  for (int round = 0; round < 2; ++round)
+    for (int key = 0; key < 8; ++key) CHECK(ask(key) == 10 * key);
+  CHECK(asked == 8);  // the second round came from the cache
+  CHECK(ask(8) == 80);
+  CHECK(asked == 9);
+  CHECK(ask(0) == 0);  // key 0, the oldest, was replaced by key 8
+  CHECK(asked == 10);
+  CHECK(ask(7) == 70);
+  CHECK(asked == 10);
 }
