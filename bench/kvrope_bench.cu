@@ -162,6 +162,33 @@ std::vector<std::string> split_commas(const std::string& text) {
 }
 
 // Reads our flags and removes them from argv, so benchmark::Initialize sees only its own.
+// The LaunchTuning fields set by an integer flag (count) or a 0/1 flag (on), and the least value taken.
+using TuningCount = int kvrope::LaunchTuning::*;
+using TuningSwitch = bool kvrope::LaunchTuning::*;
+struct TuningFlag {
+  const char* name;
+  TuningCount count;
+  TuningSwitch on;
+  int64_t min;
+};
+const TuningFlag* tuning_flag(const std::string& key) {
+  using T = kvrope::LaunchTuning;
+  static const TuningFlag flags[] = {
+      {"--block", &T::block_threads, nullptr, 32},
+      {"--blocks_per_sm", &T::blocks_per_sm, nullptr, 1},
+      {"--bulk_stages", &T::bulk_stages, nullptr, 2},
+      {"--bulk_slack", &T::bulk_store_slack, nullptr, 1},
+      {"--bulk_min_chunks", &T::bulk_min_chunks_per_block, nullptr, 0},
+      {"--bulk_spec", &T::bulk_speculate_chunks, nullptr, 0},
+      {"--bulk", nullptr, &T::bulk_copy, 0},
+      {"--token_zeros", nullptr, &T::token_zeros, 0},
+      {"--mask_late", nullptr, &T::mask_after_first_item, 0},
+  };
+  for (const TuningFlag& f : flags)
+    if (key == f.name) return &f;
+  return nullptr;
+}
+
 Options parse_options(int* argc, char** argv) {
   Options opt;
   int kept = 1;
@@ -208,8 +235,10 @@ Options parse_options(int* argc, char** argv) {
       opt.seed = static_cast<uint64_t>(parse_int(arg, value, 0));
     } else if (key == "--primer") {
       opt.primer = parse_int(arg, value, 0) != 0;
-    } else if (key == "--block") {
-      opt.tuning.block_threads = static_cast<int>(parse_int(arg, value, 32));
+    } else if (const TuningFlag* flag = tuning_flag(key)) {
+      const int64_t v = parse_int(arg, value, flag->min);
+      if (flag->count) opt.tuning.*flag->count = static_cast<int>(v);
+      if (flag->on) opt.tuning.*flag->on = v != 0;
       opt.tuned = true;
     } else if (key == "--token_weight") {
       const double weight = std::stod(value);
@@ -217,30 +246,6 @@ Options parse_options(int* argc, char** argv) {
         opt.tuning.token_warp_weight = weight;
         opt.tuned = true;
       }
-    } else if (key == "--blocks_per_sm") {
-      opt.tuning.blocks_per_sm = static_cast<int>(parse_int(arg, value, 1));
-      opt.tuned = true;
-    } else if (key == "--bulk_stages") {
-      opt.tuning.bulk_stages = static_cast<int>(parse_int(arg, value, 2));
-      opt.tuned = true;
-    } else if (key == "--bulk") {
-      opt.tuning.bulk_copy = parse_int(arg, value, 0) != 0;
-      opt.tuned = true;
-    } else if (key == "--bulk_min_chunks") {
-      opt.tuning.bulk_min_chunks_per_block = static_cast<int>(parse_int(arg, value, 0));
-      opt.tuned = true;
-    } else if (key == "--bulk_spec") {
-      opt.tuning.bulk_speculate_chunks = static_cast<int>(parse_int(arg, value, 0));
-      opt.tuned = true;
-    } else if (key == "--mask_late") {
-      opt.tuning.mask_after_first_item = parse_int(arg, value, 0) != 0;
-      opt.tuned = true;
-    } else if (key == "--token_zeros") {
-      opt.tuning.token_zeros = parse_int(arg, value, 0) != 0;
-      opt.tuned = true;
-    } else if (key == "--bulk_slack") {
-      opt.tuning.bulk_store_slack = static_cast<int>(parse_int(arg, value, 1));
-      opt.tuned = true;
     } else if (key == "--no_check") {
       opt.check = false;
     } else if (key == "--kvrope_json") {
