@@ -100,6 +100,7 @@ struct Options {
   int64_t warmup = 3;
   bool check = true;
   bool primer = true;
+  bool workspace = true;  // the fused variant gets a workspace (BackwardParams::workspace)
   std::vector<Variant> variants{kAllVariants, kAllVariants + 3};
   std::string json_path = "kvrope_bench_results.json";
   uint64_t seed = 20261129;
@@ -131,6 +132,9 @@ void print_usage() {
       "  --token_zeros=0|1           LaunchTuning::token_zeros (token warps write the zeros of rows p)\n"
       "  --mask_late=0|1             LaunchTuning::mask_after_first_item (token warps' bitmask share after their first item)\n"
       "  --bulk=0|1                  LaunchTuning::bulk_copy (0: the register copy path)\n"
+      "  --bulk_share=0|1            LaunchTuning::bulk_share_chunks (blocks share a large cache's chunks at run time)\n"
+      "  --bulk_chunk=BYTES          LaunchTuning::bulk_chunk_bytes (most bytes of a chunk of the bulk copy)\n"
+      "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed share)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
       "  --primer=0                  no primer kernel between the flush and the call (diagnostic: CUPTI's\n"
@@ -183,6 +187,8 @@ const TuningFlag* tuning_flag(const std::string& key) {
       {"--bulk", nullptr, &T::bulk_copy, 0},
       {"--token_zeros", nullptr, &T::token_zeros, 0},
       {"--mask_late", nullptr, &T::mask_after_first_item, 0},
+      {"--bulk_share", nullptr, &T::bulk_share_chunks, 0},
+      {"--bulk_chunk", &T::bulk_chunk_bytes, nullptr, 4096},
   };
   for (const TuningFlag& f : flags)
     if (key == f.name) return &f;
@@ -235,6 +241,8 @@ Options parse_options(int* argc, char** argv) {
       opt.seed = static_cast<uint64_t>(parse_int(arg, value, 0));
     } else if (key == "--primer") {
       opt.primer = parse_int(arg, value, 0) != 0;
+    } else if (key == "--workspace") {
+      opt.workspace = parse_int(arg, value, 0) != 0;
     } else if (const TuningFlag* flag = tuning_flag(key)) {
       const int64_t v = parse_int(arg, value, flag->min);
       if (flag->count) opt.tuning.*flag->count = static_cast<int>(v);
@@ -782,7 +790,7 @@ struct CaseData : CaseDataBase {
   size_t cache_elems = 0, state_elems = 0, token_elems = 0;
 
   // Inputs; gk and gv are also the pristine copies the in-place variant is restored from.
-  DeviceBuffer gk, gv, k, cos, sin, pos, error_flag;
+  DeviceBuffer gk, gv, k, cos, sin, pos, error_flag, workspace;
   // Outputs of every variant (the in-place one writes gks, gvs, gcos, gsin too).
   DeviceBuffer gks, gvs, gcos, gsin;
   // Out-of-place cache-input gradients (fused and naive), in-place working caches, naive workspace.
@@ -816,6 +824,7 @@ struct CaseData : CaseDataBase {
     gsin = DeviceBuffer(token_elems * sizeof(T));
     pos = DeviceBuffer(static_cast<size_t>(S) * sizeof(Pos));
     error_flag = DeviceBuffer(sizeof(int));
+    workspace = DeviceBuffer(kvrope::kBackwardWorkspaceBytes);
 
     const uint64_t seed = splitmix64(g_options.seed ^ (static_cast<uint64_t>(lc.id) << 32));
     fill_normal(gk.as<T>(), static_cast<int64_t>(cache_elems), seed + 1, stream);
@@ -837,6 +846,7 @@ struct CaseData : CaseDataBase {
     }
     KVROPE_BENCH_CUDA(cudaMemcpy(pos.as<Pos>(), pos_h.data(), pos.bytes(), cudaMemcpyHostToDevice));
     KVROPE_BENCH_CUDA(cudaMemset(error_flag.as<int>(), 0, sizeof(int)));
+    KVROPE_BENCH_CUDA(cudaMemset(workspace.as<void>(), 0, workspace.bytes()));  // zeroed once: the kernel leaves it zero
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
   }
 
@@ -874,6 +884,7 @@ struct CaseData : CaseDataBase {
     p.grad_value_cache = kvrope::bhsd(static_cast<const T*>(gv.as<T>()), H, Smax, D);
     p.grad_key_cache_input = kvrope::bhsd(gk_in.as<T>(), H, Smax, D);
     p.grad_value_cache_input = kvrope::bhsd(gv_in.as<T>(), H, Smax, D);
+    p.workspace = g_options.workspace ? workspace.as<void>() : nullptr;
     return p;
   }
 
@@ -932,6 +943,7 @@ struct CaseData : CaseDataBase {
     p.grad_key_cache.data = gk_h.data();
     p.grad_value_cache.data = gv_h.data();
     p.error_flag = nullptr;
+    p.workspace = nullptr;
     return p;
   }
 
@@ -953,6 +965,13 @@ struct CaseData : CaseDataBase {
     if (r.ok()) return std::string();
     return "check failed: " + std::to_string(r.mismatches) + " of " + std::to_string(r.checked) +
            " elements mismatch; first: " + r.first_mismatch;
+  }
+
+  // The kernel must leave its workspace zero for the next call.
+  bool workspace_zero() const {
+    uint32_t words[kvrope::kBackwardWorkspaceBytes / 4] = {};
+    KVROPE_BENCH_CUDA(cudaMemcpy(words, workspace.as<void>(), sizeof(words), cudaMemcpyDeviceToHost));
+    return std::all_of(std::begin(words), std::end(words), [](uint32_t w) { return w == 0; });
   }
 
   int read_error_flag() const {
@@ -1084,6 +1103,10 @@ void run_variant(benchmark::State& state, const LeaderboardCase& lc, Variant var
   }
   if (const int flag = data.read_error_flag(); flag != 0) {
     state.SkipWithError(("the kernel raised error_flag = " + std::to_string(flag)).c_str());
+    return;
+  }
+  if (!data.workspace_zero()) {
+    state.SkipWithError("the kernel left its workspace nonzero");
     return;
   }
 
@@ -1417,18 +1440,21 @@ int main(int argc, char** argv) {
               g_calibration.empty_kernel_us,
               g_calibration.empty_calls, g_calibration.empty_kernel_event_us);
   std::printf("config: dtype %s, H %lld, D %lld, positions %s (int64), %lld timed calls + %lld warm-up per case, "
-              "check %s, L2 flush %.1f MiB\n\n",
+              "check %s, L2 flush %.1f MiB, fused workspace %s\n\n",
               g_options.dtype.c_str(), static_cast<long long>(g_options.heads),
               static_cast<long long>(g_options.head_dim), g_options.random_positions ? "random" : "arange",
               static_cast<long long>(g_options.iters), static_cast<long long>(g_options.warmup),
-              g_options.check ? "on" : "off", static_cast<double>(g_clock->flush_bytes()) / (1 << 20));
+              g_options.check ? "on" : "off", static_cast<double>(g_clock->flush_bytes()) / (1 << 20),
+              g_options.workspace ? "on" : "off");
   if (g_options.tuned) {  // a record of the launch parameters the fused variants ran with
     const kvrope::LaunchTuning& t = g_options.tuning;
     std::printf("launch tuning (flags): block %d, blocks/SM %d, token weight %.2f, bulk %d, stages %d, slack %d, "
-                "min chunks/block %d, speculated chunks %d, token zeros %d, mask after first item %d\n\n",
+                "min chunks/block %d, speculated chunks %d, token zeros %d, mask after first item %d, shared chunks %d, "
+                "chunk bytes %d\n\n",
                 t.block_threads, t.blocks_per_sm, t.token_warp_weight, static_cast<int>(t.bulk_copy), t.bulk_stages,
                 t.bulk_store_slack, t.bulk_min_chunks_per_block, t.bulk_speculate_chunks,
-                static_cast<int>(t.token_zeros), static_cast<int>(t.mask_after_first_item));
+                static_cast<int>(t.token_zeros), static_cast<int>(t.mask_after_first_item),
+                static_cast<int>(t.bulk_share_chunks), t.bulk_chunk_bytes);
   }
   std::fflush(stdout);
 

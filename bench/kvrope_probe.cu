@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
   // Launch parameters: the device's defaults, with any of these environment variables changing one
   // (for traces of a variant): KVROPE_SPEC (bulk_speculate_chunks), KVROPE_TOKEN_ZEROS (0/1),
   // KVROPE_MIN_CHUNKS (bulk_min_chunks_per_block), KVROPE_STAGES (bulk_stages), KVROPE_MASK_LATE
-  // (mask_after_first_item, 0/1), KVROPE_FLUSH (0: no L2 flush before a launch).
+  // (mask_after_first_item, 0/1), KVROPE_SHARE (bulk_share_chunks, 0/1), KVROPE_CHUNK
+  // (bulk_chunk_bytes), KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch).
   int device = 0, major = 0, minor = 0;
   PROBE_CHECK(cudaGetDevice(&device));
   PROBE_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -103,7 +104,13 @@ int main(int argc, char** argv) {
   tuning.bulk_min_chunks_per_block = env_int("KVROPE_MIN_CHUNKS", tuning.bulk_min_chunks_per_block);
   tuning.bulk_stages = env_int("KVROPE_STAGES", tuning.bulk_stages);
   tuning.mask_after_first_item = env_int("KVROPE_MASK_LATE", tuning.mask_after_first_item) != 0;
+  tuning.bulk_share_chunks = env_int("KVROPE_SHARE", tuning.bulk_share_chunks) != 0;
+  tuning.bulk_chunk_bytes = env_int("KVROPE_CHUNK", tuning.bulk_chunk_bytes);
   const bool flush_l2 = env_int("KVROPE_FLUSH", 1) != 0;  // 0: caches warm (the previous launch's data)
+  if (env_int("KVROPE_WORKSPACE", 1) != 0) {  // zeroed once: the kernel leaves it zero
+    PROBE_CHECK(cudaMalloc(&op.workspace, kvrope::kBackwardWorkspaceBytes));
+    PROBE_CHECK(cudaMemset(op.workspace, 0, kvrope::kBackwardWorkspaceBytes));
+  }
 
   kvrope::BackwardPlan plan;
   const kvrope::Status planned =
@@ -113,12 +120,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("B %lld S %lld S_max %lld H %lld D %lld %s: grid %d block %d shared %d token_warps %d parts %d bulk %d"
-              " chunk_rows %d speculated %d token_zeros %d%s\n",
+              " chunk_rows %d speculated %d token_zeros %d shared_chunks %lld%s\n",
               static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(L),
               static_cast<long long>(H), static_cast<long long>(D), in_place ? "inplace" : "fused", plan.grid,
               plan.block, plan.shared_bytes, plan.token_warps, plan.token_parts, static_cast<int>(plan.bulk_copy),
               plan.bulk_chunk_rows, plan.bulk_speculated_chunks, static_cast<int>(plan.token_zeros),
-              flush_l2 ? "" : " (L2 warm)");
+              static_cast<long long>(plan.bulk_shared_chunks), flush_l2 ? "" : " (L2 warm)");
   cudaEvent_t start, stop;
   PROBE_CHECK(cudaEventCreate(&start));
   PROBE_CHECK(cudaEventCreate(&stop));

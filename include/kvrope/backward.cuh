@@ -40,6 +40,7 @@ struct BackwardPlan {
   int bulk_chunk_rows = 0;    //!< with bulk_copy: cache rows per chunk of the copy (fewer than a 32 KiB stage holds for small caches)
   int bulk_speculated_chunks = 0;  //!< with bulk_copy: chunks each block loads before its bitmask exists (small caches)
   bool token_zeros = false;   //!< the token warps write the zeros of rows cache_position of the cache-input gradients
+  int64_t bulk_shared_chunks = 0;  //!< with bulk_copy and a workspace: chunks the blocks take from its counter at run time
 };
 
 namespace detail {
@@ -266,7 +267,8 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     // Small caches: chunks of fewer rows (down to 4 KiB), so that the copy spreads over every SM with
     // several chunks in each block's ring (LaunchTuning::bulk_min_chunks_per_block).
     BackwardArgs<T> sized = a;
-    sized.bulk_chunk_rows = static_cast<int>(kBulkStageBytes / row_bytes);
+    const int64_t chunk_bytes = std::clamp<int64_t>(tune.bulk_chunk_bytes, kMinBulkChunkBytes, kBulkStageBytes);
+    sized.bulk_chunk_rows = static_cast<int>(std::max<int64_t>(1, chunk_bytes / row_bytes));
     int64_t chunks = bulk_window(sized, row_window(sized, 0)).total;
     while (chunks < int64_t{tune.bulk_min_chunks_per_block} * grid_max && sized.bulk_chunk_rows % 2 == 0 &&
            sized.bulk_chunk_rows * row_bytes >= 2 * kMinBulkChunkBytes) {
@@ -325,6 +327,16 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   if (plan.bulk_copy) {  // the copy warp's first chunks without a division on its path
     args.bulk_first = bulk_window(args, row_window(args, 0));
     args.bulk_per_block = bulk_chunks_per_block(args.bulk_first.total, plan.grid);
+    // A large cache and a workspace: each block copies its first ring's worth of chunks, and the
+    // blocks take the rest from the workspace's counter as they go (ChunkSource).
+    const int64_t total = args.bulk_first.total;
+    const int64_t fixed = std::min<int64_t>(args.bulk_per_block, stages);
+    if (a.workspace != nullptr && tune.bulk_share_chunks && args.windows == 1 &&
+        total > kSpeculateChunksPerBlock * int64_t{plan.grid} && total - fixed * plan.grid < (int64_t{1} << 31)) {
+      args.bulk_per_block = fixed;
+      args.bulk_tickets = a.workspace;
+      plan.bulk_shared_chunks = total - fixed * plan.grid;
+    }
   }
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
@@ -350,7 +362,11 @@ Status validate(const BackwardParams<T, Pos>& p) {
                    p.grad_key_cache_input),
       cache_layout(p, "grad_value_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache_input),
                    p.grad_value_cache_input)};
-  return check_tensors(concat(caches, common_inputs(p)), concat(common_outputs(p), cache_grads));
+  // The workspace is written too: an output of two 32-bit words (none without it).
+  const std::array<Layout, 1> workspace{Layout{"workspace", p.workspace, 4, p.workspace ? kBackwardWorkspaceBytes / 4 : 0,
+                                               1, {1, 1, 1}, {1, 0, 0}, {"workspace", nullptr, nullptr}}};
+  if (reinterpret_cast<uintptr_t>(p.workspace) % 4 != 0) return fail(StatusCode::kMisaligned, "workspace");
+  return check_tensors(concat(caches, common_inputs(p)), concat(concat(common_outputs(p), cache_grads), workspace));
 }
 
 //! Checks an in-place call: as for the out-of-place one, with gK and gV counted as outputs (they
@@ -371,8 +387,10 @@ Status validate(const BackwardInPlaceParams<T, Pos>& p) {
 namespace detail {
 template <typename T, typename Pos>
 BackwardArgs<T> args_of(const BackwardParams<T, Pos>& p) {
-  return make_args<T, Pos>(p, p.grad_key_cache, p.grad_value_cache, p.grad_key_cache_input,
-                           p.grad_value_cache_input, false);
+  BackwardArgs<T> a = make_args<T, Pos>(p, p.grad_key_cache, p.grad_value_cache, p.grad_key_cache_input,
+                                        p.grad_value_cache_input, false);
+  a.workspace = static_cast<unsigned int*>(p.workspace);
+  return a;
 }
 template <typename T, typename Pos>
 BackwardArgs<T> args_of(const BackwardInPlaceParams<T, Pos>& p) {
@@ -429,6 +447,12 @@ Status plan_backward(const Params& params, const LaunchTuning& tuning, BackwardP
 //! Zeroes an error flag on `stream` (asynchronous; capturable).
 inline Status reset_error_flag(int* flag, cudaStream_t stream = nullptr) {
   return detail::cuda_status(cudaMemsetAsync(flag, 0, sizeof(int), stream), "cudaMemsetAsync");
+}
+
+//! Zeroes a workspace (BackwardParams::workspace) on `stream`, once after allocating it: the
+//! kernel leaves it zero after each call (asynchronous; capturable).
+inline Status reset_workspace(void* workspace, cudaStream_t stream = nullptr) {
+  return detail::cuda_status(cudaMemsetAsync(workspace, 0, kBackwardWorkspaceBytes, stream), "cudaMemsetAsync");
 }
 
 //! Reads an error flag written by earlier launches on `stream`. Synchronizes the stream, so call it

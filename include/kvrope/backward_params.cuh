@@ -42,7 +42,19 @@ struct BackwardParams : BackwardCommon<T, Pos> {
   HeadRows<const T> grad_value_cache;  //!< gV [B, H, S_max, D]
   HeadRows<T> grad_key_cache_input;    //!< out [B, H, S_max, D]: gK with rows cache_position zeroed
   HeadRows<T> grad_value_cache_input;  //!< out [B, H, S_max, D]: gV with rows cache_position zeroed
+
+  //! Optional device buffer of kBackwardWorkspaceBytes (4-byte aligned), all zero when the call
+  //! starts; the kernel leaves it zero when it ends, so zero it once (cudaMemset, or
+  //! reset_workspace) and pass it to every call. With it, the blocks share the copy of a large
+  //! cache at run time (each takes its next chunk from a counter in the workspace), so the SMs that
+  //! stream faster copy more: about 8 % faster on large caches on an H200 (docs/perf-notes.md, v6).
+  //! Without it, each block copies a fixed share. Calls that may run at the same time (on other
+  //! streams, or in parallel branches of a graph) each need a workspace of their own.
+  void* workspace = nullptr;
 };
+
+//! Bytes of BackwardParams::workspace.
+constexpr int64_t kBackwardWorkspaceBytes = 8;
 
 //! In-place backward: gK and gV become the cache-input gradients (their rows cache_position are
 //! zeroed after being read); only the bytes of the new tokens move.

@@ -128,3 +128,36 @@ TEST_CASE("every launch tuning stays right: token zeros, speculated chunks, chun
           }
   }
 }
+
+TEST_CASE("blocks sharing a large cache's copy through the workspace stay right, call after call", "[gpu][tuning]") {
+  // Chunks of 4 KiB make these caches large enough to share (more than 8 chunks per block); rows in
+  // cache_position that repeat, wrap or leave gaps land in shared chunks; BSHD copies row by row.
+  const Config configs[] = {
+      {{2, 8, 45, 2048, 128}, Layout::kBHSD, Positions::kDuplicates, Variant::kOutOfPlace, false, 81},
+      {{2, 4, 33, 4000, 64}, Layout::kBSHD, Positions::kNegative, Variant::kOutOfPlace, true, 82},
+      {{2, 8, 300, 8192, 128}, Layout::kBHSD, Positions::kSparse, Variant::kOutOfPlaceNoTables, false, 83},
+  };
+  for (const Config& cfg : configs) {
+    Problem<__nv_bfloat16, int64_t> p(cfg);
+    for (const bool workspace : {true, false})
+      for (const int chunk_bytes : {4096, 32768})
+        for (const bool share : {true, false}) {
+          if (!workspace && !share) continue;
+          p.use_workspace = workspace;
+          LaunchTuning tuning = default_tuning(9, 0);
+          tuning.bulk_chunk_bytes = chunk_bytes;
+          tuning.bulk_share_chunks = share;
+          BackwardPlan plan;
+          REQUIRE(plan_backward(p.device_params(), tuning, &plan).ok());
+          INFO("workspace " << workspace << " chunk bytes " << chunk_bytes << " share " << share << " shared chunks "
+                            << plan.bulk_shared_chunks);
+          const Shape& sh = cfg.shape;  // shared only when a cache has more than 8 chunks per block
+          const int64_t rows = std::max(plan.bulk_chunk_rows, 1);
+          const bool large = 2 * sh.batch * sh.heads * ((sh.cache_len + rows - 1) / rows) > 8 * int64_t{plan.grid};
+          if (chunk_bytes == 4096) CHECK(large);
+          CHECK((plan.bulk_shared_chunks > 0) == (workspace && share && large && plan.bulk_copy));
+          for (int call = 0; call < 2; ++call)  // the second call starts from the workspace the first left
+            p.launch_and_check([&] { REQUIRE(kv_cache_rope_backward(p.device_params(), tuning).ok()); });
+        }
+  }
+}

@@ -189,3 +189,19 @@ TEST_CASE("a rejected launch writes nothing and needs no GPU", "[host][validate]
   CHECK(kv_cache_rope_backward(q).code == StatusCode::kNullPointer);
   CHECK(std::memcmp(before.data(), buf.gks.data(), before.size() * sizeof(T)) == 0);
 }
+
+TEST_CASE("the workspace: optional, 4-byte aligned, its own memory", "[host][validate]") {
+  Buffers buf;
+  uint32_t words[4] = {};
+  auto p = buf.out_of_place();
+  p.workspace = words;
+  expect(p, StatusCode::kSuccess, nullptr);
+  p.workspace = reinterpret_cast<char*>(words) + 2;
+  expect(p, StatusCode::kMisaligned, "workspace");
+  p.workspace = buf.gk.data() + 8;  // inside an input
+  expect(p, StatusCode::kAliasedBuffers, "workspace");
+  p.workspace = buf.gks.data();  // the first bytes of an output
+  const Status s = validate(p);
+  CHECK(s.code == StatusCode::kAliasedBuffers);
+  CHECK(to_string(StatusCode::kMisaligned) == std::string("pointer not aligned as required"));
+}

@@ -179,6 +179,8 @@ struct Problem {
   DeviceBuffer<Pos> pos;
   DeviceBuffer<int> flag;
   DeviceBuffer<char> workspace;  // the naive reference's temporaries
+  DeviceBuffer<unsigned> tickets;  // BackwardParams::workspace: zeroed once, left zero by every call
+  bool use_workspace = true;       // out-of-place calls get `tickets` as their workspace
   std::vector<Pos> host_pos;
 
   explicit Problem(const Config& c) : cfg(c) {
@@ -200,6 +202,8 @@ struct Problem {
     gv_in = DeviceBuffer<T>(cache);
     pos = DeviceBuffer<Pos>(s.seq_len);
     flag = DeviceBuffer<int>(1);
+    tickets = DeviceBuffer<unsigned>(kBackwardWorkspaceBytes / sizeof(unsigned));
+    KVROPE_CUDA_REQUIRE(cudaMemset(tickets.get(), 0, kBackwardWorkspaceBytes));
     uint64_t seed = c.seed * 1000003u;
     for (DeviceBuffer<T>* b : {&gk, &gv, &key, &cos, &sin}) fill_random(*b, ++seed);
     std::mt19937_64 rng(c.seed);
@@ -274,6 +278,7 @@ struct Problem {
     p.grad_key_cache_input = heads_view(gk_in.get(), cfg.shape.cache_len);
     p.grad_value_cache_input = heads_view(gv_in.get(), cfg.shape.cache_len);
     p.error_flag = flag.get();
+    p.workspace = use_workspace ? tickets.get() : nullptr;
     return p;
   }
   BackwardInPlaceParams<T, Pos> device_inplace_params() {
@@ -357,6 +362,9 @@ struct Problem {
     const bool expect_flag = cfg.shape.batch > 0 && !reference::positions_in_range(in);
     CHECK((flag_status.code == StatusCode::kPositionOutOfRange) == expect_flag);
     CHECK((flag_status.ok() || flag_status.code == StatusCode::kPositionOutOfRange));
+
+    // The kernel leaves its workspace zero for the next call.
+    for (unsigned word : tickets.to_host()) CHECK(word == 0u);
   }
 };
 

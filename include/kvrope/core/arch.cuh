@@ -40,6 +40,13 @@ struct LaunchTuning {
   //! position and rows then load ahead of the bitmask's positions), not before. Measured slower on
   //! the H200 (the copy's data then waits behind the token traffic: docs/perf-notes.md, v5), so off.
   bool mask_after_first_item = false;
+  //! With the bulk copy and a workspace (BackwardParams::workspace): blocks take the chunks of a
+  //! large cache (more than 8 chunks per block) past their first ring's worth from a shared counter
+  //! at run time; false: each block copies a fixed range, as without a workspace.
+  bool bulk_share_chunks = true;
+  //! With the bulk copy: the most bytes a chunk of the copy holds (4 KiB to the 32 KiB stage,
+  //! rounded down to whole rows).
+  int bulk_chunk_bytes = 32768;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the

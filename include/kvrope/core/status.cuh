@@ -17,6 +17,7 @@ enum class StatusCode : int {
   kTooLarge,            //!< more than 2^32 - 1 rows in one tensor (row indices are 32-bit inside the kernel)
   kCudaError,           //!< a CUDA runtime call failed; Status::cuda_error holds its code
   kPositionOutOfRange,  //!< reported by read_error_flag: a cache_position was outside [-S_max, S_max)
+  kMisaligned,          //!< a pointer is not aligned as the API requires (BackwardParams::workspace: 4 bytes)
 };
 
 //! The result of a host entry point: a code, the first offending field (a static string such as
@@ -43,6 +44,7 @@ inline const char* to_string(StatusCode code) {
     case StatusCode::kTooLarge: return "tensor has more than 2^32-1 rows";
     case StatusCode::kCudaError: return "CUDA error";
     case StatusCode::kPositionOutOfRange: return "cache_position out of range";
+    case StatusCode::kMisaligned: return "pointer not aligned as required";
   }
   return "unknown status";
 }

@@ -45,6 +45,9 @@ struct BackwardArgs {
   int bulk_chunk_rows;  // with bulk: cache rows a chunk has at most (0: as many as a stage holds)
   BulkWindow bulk_first;  // with bulk: the chunks of the first bitmask window (bulk_window), set by the host
   int64_t bulk_per_block; // with bulk: chunks of the first window each block copies (bulk_range)
+  unsigned int* workspace;  // out-of-place: the caller's workspace (BackwardParams::workspace), or null
+  unsigned int* bulk_tickets;  // with bulk: chunks past grid x bulk_per_block are taken from this counter
+                               // (the workspace: {ticket, blocks done}); null: each block copies its range only
   FastDivmod div_seq;   // token index -> (b, t)
   FastDivmod div_heads;
 };

@@ -419,14 +419,17 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   // chunks (a.bulk_speculate of them, one lane each), the first token's position.
 #if KVROPE_HAS_BULK_COPY
   BulkRing ring{reinterpret_cast<unsigned char*>(mask) + bulk_ring_offset(mask_bytes(a.window_rows)), nullptr,
-                a.bulk_stages, a.bulk_slack, 0, 0u};
+                nullptr, a.bulk_stages, a.bulk_slack, 0, 0u};
   ring.bars = reinterpret_cast<uint64_t*>(ring.stage(ring.count));
+  ring.chunk_of = reinterpret_cast<int64_t*>(ring.bars + ring.count);
   const bool bulk_warp = a.bulk && !token_warp;
   const BulkRange first_range = bulk_warp ? bulk_block_range(a, blockIdx.x) : BulkRange{};
   int64_t prefetched = 0;
+  ChunkSource first_chunks_src{};
   if (bulk_warp) {
     bulk_ring_init(ring, lane);
     prefetched = bulk_speculate(a, mask, ring, first_range, lane);
+    first_chunks_src = first_chunks(a, first_range, lane);
     KVROPE_TRACE_AT(kTraceStart, 0);
   }
 #else
@@ -508,16 +511,18 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
 #if KVROPE_HAS_BULK_COPY
   if (bulk_warp) {  // the block's one copy warp (copy_threads == 32)
     if (windows == 1 && prefetched > 0 && prefetched == first_range.end - first_range.begin && a.token_zeros &&
-        a.gk_out.seq_stride == a.head_dim && a.gv_out.seq_stride == a.head_dim) {
+        a.bulk_tickets == nullptr && a.gk_out.seq_stride == a.head_dim && a.gv_out.seq_stride == a.head_dim) {
       bulk_store_speculated(a, mask, ring, first_range, lane);  // a small cache: every chunk in a stage
     } else {
-      for (int64_t win = 0; win < windows; ++win) {
+      bulk_copy_window(a, mask, a.bulk_first, ring, first_chunks_src, prefetched, lane);
+      for (int64_t win = 1; win < windows; ++win) {  // (the host shares chunks only with one window)
         const RowWindow rows = row_window(a, win);
-        if (win > 0) copy_warps_mask(a, mask, rows, copy_thread, copy_threads, &repeats);
-        const BulkWindow w = win == 0 ? a.bulk_first : bulk_window(a, rows);
-        bulk_copy_window(a, mask, w, ring, win == 0 ? first_range : bulk_range(w, blockIdx.x, gridDim.x),
-                         win == 0 ? prefetched : 0, lane);
+        copy_warps_mask(a, mask, rows, copy_thread, copy_threads, &repeats);
+        const BulkWindow w = bulk_window(a, rows);
+        ChunkSource src = ChunkSource::of(bulk_range(w, blockIdx.x, gridDim.x));
+        bulk_copy_window(a, mask, w, ring, src, 0, lane);
       }
+      release_tickets(a.bulk_tickets, lane);
     }
     KVROPE_TRACE_AT(kTraceLastStore, 0);
     bulk_drain();

@@ -27,9 +27,9 @@ inline constexpr int kBulkAlign = 128;
 __host__ __device__ inline constexpr int64_t bulk_ring_offset(int64_t mask_bytes) {
   return (mask_bytes + kBulkAlign - 1) / kBulkAlign * kBulkAlign;
 }
-//! Bytes of a ring of `stages` stages and their barriers.
+//! Bytes of a ring of `stages` stages, their barriers and the index of the chunk each holds.
 __host__ __device__ inline constexpr int64_t bulk_ring_bytes(int stages) {
-  return int64_t{stages} * (kBulkStageBytes + 8);
+  return int64_t{stages} * (kBulkStageBytes + 16);
 }
 
 
@@ -99,6 +99,44 @@ __host__ __device__ __forceinline__ BulkRange bulk_range(const BulkWindow& w, in
   return bulk_range_of(w.total, bulk_chunks_per_block(w.total, blocks), block);
 }
 
+//! The chunks of a window a copy warp copies, in order: its block's range, then, when the blocks
+//! share the rest (BackwardArgs::bulk_tickets), chunks `shared_first + t` for tickets t drawn from a
+//! counter all blocks draw from, until a ticket is past the last chunk. A block that streams faster
+//! draws more (docs/perf-notes.md, v6: the SMs' shares of the bandwidth differ by up to 30 %, and a
+//! fixed share per block left the copy as slow as its slowest block). Lane 0 asks for the next two
+//! tickets in advance, so the atomic's round trip is off the warp's path.
+struct ChunkSource {
+  int64_t next, end;              // the block's range still to take
+  int64_t shared_first = 0;       // the first chunk handed out by ticket
+  uint32_t shared_count = 0;      // chunks handed out by ticket (0: none)
+  unsigned int* tickets = nullptr;
+  uint32_t ahead[2] = {0, 0};     // lane 0: the next two tickets, oldest first
+
+  __device__ __forceinline__ static ChunkSource of(const BulkRange& r) { return ChunkSource{r.begin, r.end}; }
+
+  // All lanes alike; returns false when the warp's chunks are done.
+  __device__ __forceinline__ bool take(int64_t* chunk, int lane) {
+    if (next < end) {
+      *chunk = next++;
+      return true;
+    }
+    if (shared_count == 0) return false;
+    uint32_t t = 0;
+    if (lane == 0) {
+      t = ahead[0];
+      ahead[0] = ahead[1];
+      if (ahead[1] < shared_count) ahead[1] = atomicAdd(tickets, 1u);
+    }
+    t = __shfl_sync(0xffffffffu, t, 0);
+    if (t >= shared_count) {
+      shared_count = 0;
+      return false;
+    }
+    *chunk = shared_first + t;
+    return true;
+  }
+};
+
 template <typename T>
 __host__ __device__ __forceinline__ BulkWindow bulk_window(const BackwardArgs<T>& a, const RowWindow& rows) {
   const int64_t stage_rows = kBulkStageBytes / (a.head_dim * int64_t{sizeof(T)});
@@ -158,6 +196,7 @@ __device__ __forceinline__ void for_each_unmarked_run(const uint32_t* mask, cons
 struct BulkRing {
   unsigned char* stages;
   uint64_t* bars;
+  int64_t* chunk_of;  // the chunk each stage holds
   int count, slack;
   int next;
   uint32_t phases;
@@ -182,6 +221,34 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 // A bulk store of this block's shared memory to global memory (completion: bulk groups).
 __device__ __forceinline__ void bulk_store(void* dst, const void* src, int64_t bytes) {
   cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst, src, static_cast<uint32_t>(bytes));
+}
+
+//! The copy warp's chunks of the first window (blocks drawing tickets ask for their first two).
+template <typename T>
+__device__ __forceinline__ ChunkSource first_chunks(const BackwardArgs<T>& a, const BulkRange& range, int lane) {
+  ChunkSource src = ChunkSource::of(range);
+  if (a.bulk_tickets != nullptr) {
+    src.tickets = a.bulk_tickets;
+    src.shared_first = int64_t{gridDim.x} * a.bulk_per_block;
+    src.shared_count = static_cast<uint32_t>(a.bulk_first.total - src.shared_first);
+    if (lane == 0) {
+      src.ahead[0] = atomicAdd(src.tickets, 1u);
+      src.ahead[1] = atomicAdd(src.tickets, 1u);
+    }
+  }
+  return src;
+}
+
+//! After the copy warp's last ticket: the block counts itself done, and the last block of the grid
+//! zeroes the counters for the next call (every block's tickets were drawn before it counted itself).
+__device__ __forceinline__ void release_tickets(unsigned int* tickets, int lane) {
+  if (tickets != nullptr && lane == 0) {
+    __threadfence();
+    if (atomicAdd(tickets + 1, 1u) == gridDim.x - 1) {
+      atomicExch(tickets, 0u);
+      atomicExch(tickets + 1, 0u);
+    }
+  }
 }
 
 __device__ __forceinline__ void bulk_ring_init(const BulkRing& ring, int lane) {
@@ -349,37 +416,41 @@ __device__ __forceinline__ void bulk_wait_reads(int pending) {
   }
 }
 
-//! The copy warp's share of one window: its block's range of chunks. The first `prefetched` of them
-//! were already issued (speculatively, before the mask was built).
+//! The copy warp's share of one window: the chunks of `src`. The first `prefetched` of them were
+//! already issued into stages 0, 1, ... (speculatively, before the mask was built).
 //! At step i the warp waits for chunk i, stores it, and refills the stage of chunk i - slack + 1
-//! (whose store has read it by then, usually) with chunk i - slack + 1 + count: count - slack loads
-//! and slack stores in flight.
+//! (whose store has read it by then, usually) with the next chunk: count - slack loads and slack
+//! stores in flight.
 template <typename T>
 __device__ void bulk_copy_window(const BackwardArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
-                                 BulkRing& ring, const BulkRange& range, int64_t prefetched, int lane) {
-  const int64_t mine = range.end - range.begin;
-  if (mine <= 0) return;
-  BulkCursor load = BulkCursor::at(w, range.begin), store = load;
+                                 BulkRing& ring, ChunkSource& src, int64_t prefetched, int lane) {
   int load_stage = ring.next, store_stage = ring.next;
-  int64_t loaded = 0;  // chunks whose load was issued: load is at chunk `loaded`
-  for (; loaded < mine && loaded < ring.count; ++loaded, load.next(w), load_stage = ring.after(load_stage))
-    if (loaded >= prefetched)
-      bulk_load_chunk(a, mask, w, load, ring.stage(load_stage), ring.bars + load_stage, true, lane);
-  for (int64_t i = 0; i < mine; ++i, store.next(w)) {
+  int64_t issued = 0;  // chunks taken (and loaded, or prefetched)
+  bool more = true;
+  auto issue = [&] {
+    int64_t c = 0;
+    more = src.take(&c, lane);
+    if (!more) return;
+    if (issued >= prefetched)
+      bulk_load_chunk(a, mask, w, BulkCursor::at(w, c), ring.stage(load_stage), ring.bars + load_stage, true, lane);
+    if (lane == 0) ring.chunk_of[load_stage] = c;
+    __syncwarp();
+    ++issued;
+    load_stage = ring.after(load_stage);
+  };
+  while (more && issued < ring.count) issue();
+  for (int64_t i = 0; i < issued; ++i) {
     const uint32_t parity = (ring.phases >> store_stage) & 1u;
     while (!cuda::ptx::mbarrier_try_wait_parity(ring.bars + store_stage, parity)) {
     }
     if (i == 0) KVROPE_TRACE_AT(kTraceFirstData, 0);
     ring.phases ^= 1u << store_stage;
-    bulk_store_chunk(a, mask, w, store, ring.stage(store_stage), lane);
+    bulk_store_chunk(a, mask, w, BulkCursor::at(w, ring.chunk_of[store_stage]), ring.stage(store_stage), lane);
     store_stage = ring.after(store_stage);
-    if (i - ring.slack + 1 >= 0 && loaded < mine) {  // refill the stage of chunk loaded - count
+    if (i - ring.slack + 1 >= 0 && more) {  // refill the stage of chunk i - slack + 1
       bulk_wait_reads(ring.slack - 1);
       __syncwarp();
-      bulk_load_chunk(a, mask, w, load, ring.stage(load_stage), ring.bars + load_stage, true, lane);
-      ++loaded;
-      load.next(w);
-      load_stage = ring.after(load_stage);
+      issue();
     }
   }
   bulk_wait_reads(0);  // the stages are free again
