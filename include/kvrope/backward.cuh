@@ -261,6 +261,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t token_blocks_max = (tokens * lone_parts + warps - 1) / warps;
   plan.grid = static_cast<int>(grid_max);
   int speculate = 0;
+  bool small_cache = false;
   if (plan.bulk_copy) {
     // One copy warp per block, all others token warps; enough blocks for either role.
     plan.token_warps = static_cast<int>(warps - 1);
@@ -282,8 +283,8 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     // Its rows in cache_position are loaded for nothing, but they are then in L2 for the token work.
     // Only when the token warps load every position in their first round: a later round's loads
     // would queue behind these (docs/perf-notes.md, v5).
-    if (chunks <= kSpeculateChunksPerBlock * int64_t{plan.grid} &&
-        a.seq_len <= int64_t{kMaskLoads} * 32 * plan.token_warps)
+    small_cache = chunks <= kSpeculateChunksPerBlock * int64_t{plan.grid};
+    if ((small_cache || tune.bulk_speculate_large) && a.seq_len <= int64_t{kMaskLoads} * 32 * plan.token_warps)
       speculate = std::clamp(tune.bulk_speculate_chunks, 0, stages);
   } else if (a.in_place) {
     plan.grid = static_cast<int>(std::clamp<int64_t>(token_blocks_max, 1, grid_max));
@@ -317,7 +318,8 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.token_parts_log2 = parts_log2;
   args.bulk_speculate = speculate;
   plan.bulk_speculated_chunks = speculate;
-  args.token_zeros = tune.token_zeros && speculate > 0;
+  args.token_zeros = tune.token_zeros && speculate > 0 && small_cache;
+  args.token_prefetch = tune.token_prefetch;
   plan.token_zeros = args.token_zeros;
   args.mask_late = plan.bulk_copy && tune.mask_after_first_item;
   args.bulk_stages = stages;

@@ -141,16 +141,19 @@ TEST_CASE("blocks sharing a large cache's copy through the workspace stay right,
     Problem<__nv_bfloat16, int64_t> p(cfg);
     for (const bool workspace : {true, false})
       for (const int chunk_bytes : {4096, 32768})
-        for (const bool share : {true, false}) {
-          if (!workspace && !share) continue;
+        for (const bool share : {true, false})
+          for (const bool early : {true, false}) {  // speculated chunks and token prefetches, or neither
+          if ((!workspace && !share) || (!early && !(workspace && share && chunk_bytes == 4096))) continue;
           p.use_workspace = workspace;
           LaunchTuning tuning = default_tuning(9, 0);
           tuning.bulk_chunk_bytes = chunk_bytes;
           tuning.bulk_share_chunks = share;
+          tuning.bulk_speculate_large = early;
+          tuning.token_prefetch = early;
           BackwardPlan plan;
           REQUIRE(plan_backward(p.device_params(), tuning, &plan).ok());
-          INFO("workspace " << workspace << " chunk bytes " << chunk_bytes << " share " << share << " shared chunks "
-                            << plan.bulk_shared_chunks);
+          INFO("workspace " << workspace << " chunk bytes " << chunk_bytes << " share " << share << " early " << early
+                            << " shared chunks " << plan.bulk_shared_chunks << " speculated " << plan.bulk_speculated_chunks);
           const Shape& sh = cfg.shape;  // shared only when a cache has more than 8 chunks per block
           const int64_t rows = std::max(plan.bulk_chunk_rows, 1);
           const bool large = 2 * sh.batch * sh.heads * ((sh.cache_len + rows - 1) / rows) > 8 * int64_t{plan.grid};

@@ -26,10 +26,10 @@ struct LaunchTuning {
   //! 1 on the H200 (docs/perf-notes.md, v4): only caches with fewer 32 KiB chunks than blocks (1 MiB
   //! and less) are cut; 4 was slower on 8 MiB caches, 0 slower on the 1 MiB one.
   int bulk_min_chunks_per_block = 1;
-  //! With the bulk copy of a small cache (at most 8 chunks per block): how many of its chunks each
-  //! block loads at the kernel's start, before its bitmask of rows in cache_position is built (0 to
-  //! bulk_stages). Only when the token warps load every position in their first round: a later
-  //! round would queue behind these loads.
+  //! With the bulk copy of a small cache (at most 8 chunks per block), or any cache with
+  //! bulk_speculate_large: how many of its chunks each block loads at the kernel's start, before its
+  //! bitmask of rows in cache_position is built (0 to bulk_stages). Only when the token warps load
+  //! every position in their first round: a later round would queue behind these loads.
   int bulk_speculate_chunks = 6;
   //! With the bulk copy of a small cache (when its chunks are speculated, above): the token warps
   //! write the zeros of the cache-input gradient rows in cache_position (as the in-place variant
@@ -47,6 +47,12 @@ struct LaunchTuning {
   //! With the bulk copy: the most bytes a chunk of the copy holds (4 KiB to the 32 KiB stage,
   //! rounded down to whole rows).
   int bulk_chunk_bytes = 32768;
+  //! With the bulk copy: blocks speculate their first chunks (bulk_speculate_chunks) for caches of
+  //! any size, not only small ones, when the positions fit one round of the bitmask's loads.
+  bool bulk_speculate_large = true;
+  //! Token warps (sm_90+, 16-byte aligned rows) prefetch the rows of their next item into L2
+  //! while they work on the current one (cp.async.bulk.prefetch.L2).
+  bool token_prefetch = true;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the
