@@ -89,8 +89,8 @@ int main(int argc, char** argv) {
   // (for traces of a variant): KVROPE_SPEC (bulk_speculate_chunks), KVROPE_TOKEN_ZEROS (0/1),
   // KVROPE_MIN_CHUNKS (bulk_min_chunks_per_block), KVROPE_STAGES (bulk_stages), KVROPE_MASK_LATE
   // (mask_after_first_item, 0/1), KVROPE_SHARE (bulk_share_chunks, 0/1), KVROPE_CHUNK
-  // (bulk_chunk_bytes), KVROPE_SPEC_LARGE (bulk_speculate_large, 0/1), KVROPE_PREFETCH (token_prefetch,
-  // 0/1), KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch).
+  // (bulk_chunk_bytes), KVROPE_SPEC_LARGE (bulk_speculate_large, 0/1),
+  // KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch).
   int device = 0, major = 0, minor = 0;
   PROBE_CHECK(cudaGetDevice(&device));
   PROBE_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -108,7 +108,6 @@ int main(int argc, char** argv) {
   tuning.bulk_share_chunks = env_int("KVROPE_SHARE", tuning.bulk_share_chunks) != 0;
   tuning.bulk_chunk_bytes = env_int("KVROPE_CHUNK", tuning.bulk_chunk_bytes);
   tuning.bulk_speculate_large = env_int("KVROPE_SPEC_LARGE", tuning.bulk_speculate_large) != 0;
-  tuning.token_prefetch = env_int("KVROPE_PREFETCH", tuning.token_prefetch) != 0;
   const bool flush_l2 = env_int("KVROPE_FLUSH", 1) != 0;  // 0: caches warm (the previous launch's data)
   if (env_int("KVROPE_WORKSPACE", 1) != 0) {  // zeroed once: the kernel leaves it zero
     PROBE_CHECK(cudaMalloc(&op.workspace, kvrope::kBackwardWorkspaceBytes));

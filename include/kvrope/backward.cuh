@@ -319,7 +319,6 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.bulk_speculate = speculate;
   plan.bulk_speculated_chunks = speculate;
   args.token_zeros = tune.token_zeros && speculate > 0 && small_cache;
-  args.token_prefetch = tune.token_prefetch;
   plan.token_zeros = args.token_zeros;
   args.mask_late = plan.bulk_copy && tune.mask_after_first_item;
   args.bulk_stages = stages;

@@ -142,14 +142,13 @@ TEST_CASE("blocks sharing a large cache's copy through the workspace stay right,
     for (const bool workspace : {true, false})
       for (const int chunk_bytes : {4096, 32768})
         for (const bool share : {true, false})
-          for (const bool early : {true, false}) {  // speculated chunks and token prefetches, or neither
+          for (const bool early : {true, false}) {  // the first chunks speculated, or not
           if ((!workspace && !share) || (!early && !(workspace && share && chunk_bytes == 4096))) continue;
           p.use_workspace = workspace;
           LaunchTuning tuning = default_tuning(9, 0);
           tuning.bulk_chunk_bytes = chunk_bytes;
           tuning.bulk_share_chunks = share;
           tuning.bulk_speculate_large = early;
-          tuning.token_prefetch = early;
           BackwardPlan plan;
           REQUIRE(plan_backward(p.device_params(), tuning, &plan).ok());
           INFO("workspace " << workspace << " chunk bytes " << chunk_bytes << " share " << share << " early " << early

@@ -50,9 +50,6 @@ struct LaunchTuning {
   //! With the bulk copy: blocks speculate their first chunks (bulk_speculate_chunks) for caches of
   //! any size, not only small ones, when the positions fit one round of the bitmask's loads.
   bool bulk_speculate_large = true;
-  //! Token warps (sm_90+, 16-byte aligned rows) prefetch the rows of their next item into L2
-  //! while they work on the current one (cp.async.bulk.prefetch.L2).
-  bool token_prefetch = true;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the

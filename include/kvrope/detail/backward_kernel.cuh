@@ -314,76 +314,35 @@ struct TokenCursor {
   int part;
 };
 
-// Item `item` of the token work (part item % parts of token item / parts), with its cache row `r`
-// when known (else loaded here).
+// Item `item` of the token work: part item % parts of token item / parts. Called for a warp's first
+// item before the block builds its bitmask, so the first position's load overlaps that of the bitmask.
 template <typename T>
-__device__ __forceinline__ TokenCursor token_item(const BackwardArgs<T>& a, int64_t item, int64_t r, bool load) {
+__device__ __forceinline__ TokenCursor first_token(const BackwardArgs<T>& a, int64_t item) {
   TokenCursor c{item, 0, 0, -1, static_cast<int>(item & ((int64_t{1} << a.token_parts_log2) - 1))};
   const int64_t tok = item >> a.token_parts_log2;
   if (tok < a.batch * a.seq_len) {
     uint64_t t = 0;
     c.b = static_cast<int64_t>(a.div_seq.divmod(static_cast<uint64_t>(tok), t));
     c.t = static_cast<int64_t>(t);
-    c.r = load ? cache_row(a, c.t) : r;
+    c.r = cache_row(a, c.t);
   }
   return c;
-}
-// A warp's first item, loaded before the block builds its bitmask, so the first position's load
-// overlaps that of the bitmask.
-template <typename T>
-__device__ __forceinline__ TokenCursor first_token(const BackwardArgs<T>& a, int64_t item) {
-  return token_item(a, item, -1, true);
-}
-// The cache row of an item whose position is on its way (the item itself is known: the one after
-// the warp's next), so that few registers are held across an item.
-template <typename T>
-__device__ __forceinline__ int64_t pending_row(const BackwardArgs<T>& a, int64_t item) {
-  return first_token(a, item).r;
-}
-
-// Asks the L2 for the rows item c will read (a.token_prefetch: its gk, gv and key rows of every
-// head and its table rows, by the warp of the token's part 0, one bulk prefetch per row and lane), so
-// that its loads, a few microseconds later, find them there rather than in DRAM.
-template <typename T, int kVec>
-__device__ __forceinline__ void prefetch_token_rows(const BackwardArgs<T>& a, const TokenCursor& c, int64_t items,
-                                                    int lane) {
-#if KVROPE_HAS_BULK_COPY
-  if (kVec == 1 || !a.token_prefetch || c.item >= items || c.r < 0 || c.part != 0) return;
-  const uint32_t bytes = static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)});
-  auto prefetch = [bytes](const void* row) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(bytes) : "memory");
-  };
-  const bool tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
-  for (int64_t j = lane; j < a.heads; j += 32) {
-    prefetch(a.gk.row(c.b, j, c.r));
-    prefetch(a.gv.row(c.b, j, c.r));
-    if (tables) prefetch(a.key.row(c.b, j, c.t));
-  }
-  if (tables && lane == 31) {
-    prefetch(a.cos.row(c.b, c.t));
-    prefetch(a.sin.row(c.b, c.t));
-  }
-#endif
 }
 
 // Warp w of `warps` handles items w, w + warps, ...; with `zero_rows` (in-place, or a.token_zeros)
 // each zeroes its part of the row after reading it, or, in-place when rows repeat, the first token of
 // a row handles all of them.
-// The positions of the next two items are loaded before the current item's rows (`next`, whose
-// position the kernel loaded at entry with the first item's), and the next item's rows prefetched
-// into L2 (a.token_prefetch), so their latencies are hidden behind the current item.
+// The next item's position is loaded before the current item's rows, so its latency is hidden.
 // `after_first` runs once: after the warp's first item, or at once when it has none.
 template <typename T, int kHeadDim, int kVec, typename F>
 __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout, TokenCursor next,
-                           int64_t after_r, int64_t warps, bool zero_rows, bool repeats, F&& after_first) {
+                           int64_t warps, bool zero_rows, bool repeats, F&& after_first) {
   const int lane = threadIdx.x & 31;
   const int64_t items = (a.batch * a.seq_len) << a.token_parts_log2;
   if (next.item >= items) after_first();
   while (next.item < items) {
     const TokenCursor cur = next;
-    next = token_item(a, cur.item + warps, after_r, false);
-    after_r = pending_row(a, next.item + warps);
-    prefetch_token_rows<T, kVec>(a, next, items, lane);
+    next = first_token(a, cur.item + warps);
     if (cur.r < 0 && cur.part == 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
     if (zero_rows && repeats && cur.r >= 0) {
       process_row_group(a, layout, cur.part, cur.b, cur.t, cur.r, lane);
@@ -479,12 +438,8 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   const int warps_per_block = blockDim.x / 32;
   const int64_t token_warps_per_block = a.in_place ? warps_per_block : a.token_warps;
   const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;  // warp w of block k: k x per_block + w
-  TokenCursor cursor{};  // the warp's first item, and the cache row of its second
-  int64_t second_r = -1;
-  if (token_warp) {
-    cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
-    second_r = pending_row(a, cursor.item + token_warps);
-  }
+  TokenCursor cursor{};
+  if (token_warp) cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
   // While the first position is on its way (it is used only once the bitmask is built):
   const TokenLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
 
@@ -544,9 +499,9 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
       if (late) arrive_with_mask();
     };
     if (a.in_place || a.token_zeros) {
-      token_work(a, layout, cursor, second_r, token_warps, true, a.in_place && repeats != 0, after_first);
+      token_work(a, layout, cursor, token_warps, true, a.in_place && repeats != 0, after_first);
     } else {
-      token_work(a, layout, cursor, second_r, token_warps, false, false, after_first);
+      token_work(a, layout, cursor, token_warps, false, false, after_first);
     }
     KVROPE_TRACE_AT(kTraceDone, 0);
     return;
