@@ -22,14 +22,7 @@
 #include <string>
 #include <vector>
 
-#define STUDY_CHECK(call)                                                                             \
-  do {                                                                                                \
-    const cudaError_t e_ = (call);                                                                    \
-    if (e_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));   \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
+#include "cuda_exit.cuh"
 
 namespace {
 
@@ -211,11 +204,11 @@ int main(int argc, char** argv) {
   const int calls = argc > 2 ? std::atoi(argv[2]) : 15;
   const int64_t bytes = mib << 20;
   int dev = 0, sms = 0, l2 = 0;
-  STUDY_CHECK(cudaGetDevice(&dev));
-  STUDY_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  STUDY_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  KVROPE_TOOL_CUDA(cudaGetDevice(&dev));
+  KVROPE_TOOL_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  KVROPE_TOOL_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
   cudaDeviceProp prop{};
-  STUDY_CHECK(cudaGetDeviceProperties(&prop, dev));
+  KVROPE_TOOL_CUDA(cudaGetDeviceProperties(&prop, dev));
   if (prop.major < 9) {
     std::fprintf(stderr, "copy_study: the bulk-copy schemes need sm_90 or later (this GPU: sm_%d%d)\n", prop.major,
                  prop.minor);
@@ -225,17 +218,17 @@ int main(int argc, char** argv) {
   unsigned long long* counter = nullptr;
   uint64_t* d_times = nullptr;
   const int max_blocks = sms * 64;
-  STUDY_CHECK(cudaMalloc(&src, bytes));
-  STUDY_CHECK(cudaMalloc(&dst, bytes));
-  STUDY_CHECK(cudaMalloc(&flush, 2 * size_t(l2)));
-  STUDY_CHECK(cudaMalloc(&counter, sizeof(unsigned long long)));
-  STUDY_CHECK(cudaMalloc(&d_times, 2 * sizeof(uint64_t) * max_blocks));
-  STUDY_CHECK(cudaMemset(src, 0x5a, bytes));
-  STUDY_CHECK(cudaMemset(src, 0x33, bytes / 3));  // not one byte throughout
+  KVROPE_TOOL_CUDA(cudaMalloc(&src, bytes));
+  KVROPE_TOOL_CUDA(cudaMalloc(&dst, bytes));
+  KVROPE_TOOL_CUDA(cudaMalloc(&flush, 2 * size_t(l2)));
+  KVROPE_TOOL_CUDA(cudaMalloc(&counter, sizeof(unsigned long long)));
+  KVROPE_TOOL_CUDA(cudaMalloc(&d_times, 2 * sizeof(uint64_t) * max_blocks));
+  KVROPE_TOOL_CUDA(cudaMemset(src, 0x5a, bytes));
+  KVROPE_TOOL_CUDA(cudaMemset(src, 0x33, bytes / 3));  // not one byte throughout
   cudaEvent_t e0, e1;
-  STUDY_CHECK(cudaEventCreate(&e0));
-  STUDY_CHECK(cudaEventCreate(&e1));
-  STUDY_CHECK(cudaFuncSetAttribute(bulk_ring_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+  KVROPE_TOOL_CUDA(cudaEventCreate(&e0));
+  KVROPE_TOOL_CUDA(cudaEventCreate(&e1));
+  KVROPE_TOOL_CUDA(cudaFuncSetAttribute(bulk_ring_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
   std::printf("copy_study: %s, %d SMs, %lld MiB copied (%.3f GB read + written), %d calls each, L2 flushed\n",
               prop.name, sms, static_cast<long long>(mib), 2e-9 * bytes, calls);
   std::printf("%-44s %9s %9s %7s %7s | block end us: %7s %7s %7s\n", "scheme", "span_us", "event_us", "TB/s",
@@ -244,24 +237,24 @@ int main(int argc, char** argv) {
   double memcpy_us = 0;
   // launch(grid) runs one call; timed() flushes, runs `calls` of them and reports.
   auto timed = [&](const char* name, int grid, auto&& launch) {
-    STUDY_CHECK(cudaMemset(dst, 0, bytes));
+    KVROPE_TOOL_CUDA(cudaMemset(dst, 0, bytes));
     std::vector<double> spans, events, p10, p50, pmax;
     std::vector<uint64_t> t(2 * size_t(std::max(grid, 1)));
     for (int k = 0; k < calls + 1; ++k) {
-      STUDY_CHECK(cudaMemsetAsync(flush, k & 0xff, 2 * size_t(l2)));
-      STUDY_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned long long)));
-      STUDY_CHECK(cudaDeviceSynchronize());
-      STUDY_CHECK(cudaEventRecord(e0));
+      KVROPE_TOOL_CUDA(cudaMemsetAsync(flush, k & 0xff, 2 * size_t(l2)));
+      KVROPE_TOOL_CUDA(cudaMemsetAsync(counter, 0, sizeof(unsigned long long)));
+      KVROPE_TOOL_CUDA(cudaDeviceSynchronize());
+      KVROPE_TOOL_CUDA(cudaEventRecord(e0));
       launch();
-      STUDY_CHECK(cudaGetLastError());
-      STUDY_CHECK(cudaEventRecord(e1));
-      STUDY_CHECK(cudaDeviceSynchronize());
+      KVROPE_TOOL_CUDA(cudaGetLastError());
+      KVROPE_TOOL_CUDA(cudaEventRecord(e1));
+      KVROPE_TOOL_CUDA(cudaDeviceSynchronize());
       if (k == 0) continue;  // warm-up
       float ms = 0;
-      STUDY_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      KVROPE_TOOL_CUDA(cudaEventElapsedTime(&ms, e0, e1));
       events.push_back(1e3 * ms);
       if (grid > 0) {
-        STUDY_CHECK(cudaMemcpy(t.data(), d_times, t.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+        KVROPE_TOOL_CUDA(cudaMemcpy(t.data(), d_times, t.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
         uint64_t start = UINT64_MAX, end = 0;
         std::vector<double> ends;
         for (int b = 0; b < grid; ++b) start = std::min(start, t[2 * b]), end = std::max(end, t[2 * b + 1]);
@@ -273,11 +266,11 @@ int main(int argc, char** argv) {
         pmax.push_back(ends.back());
       }
     }
-    STUDY_CHECK(cudaMemset(counter, 0, sizeof(unsigned long long)));
+    KVROPE_TOOL_CUDA(cudaMemset(counter, 0, sizeof(unsigned long long)));
     count_wrong<<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(src), reinterpret_cast<const uint4*>(dst), bytes / 16,
                                   counter);
     unsigned long long wrong = 0;
-    STUDY_CHECK(cudaMemcpy(&wrong, counter, sizeof(wrong), cudaMemcpyDeviceToHost));
+    KVROPE_TOOL_CUDA(cudaMemcpy(&wrong, counter, sizeof(wrong), cudaMemcpyDeviceToHost));
     if (wrong) std::printf("%s: %llu of %lld 16-byte words not copied\n", name, wrong, static_cast<long long>(bytes / 16));
     const double ev = median(events), span = grid > 0 ? median(spans) : ev;
     if (memcpy_us == 0) memcpy_us = span;
@@ -287,7 +280,7 @@ int main(int argc, char** argv) {
     std::printf("\n");
   };
 
-  timed("cudaMemcpyAsync (events)", 0, [&] { STUDY_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
+  timed("cudaMemcpyAsync (events)", 0, [&] { KVROPE_TOOL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
   for (int per_sm : {4, 8, 16}) {
     const int grid = sms * per_sm;
     char name[64];

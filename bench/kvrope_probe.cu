@@ -15,14 +15,7 @@
 #include <numeric>
 #include <vector>
 
-#define PROBE_CHECK(call)                                                                      \
-  do {                                                                                         \
-    const cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
+#include "cuda_exit.cuh"
 
 using T = __nv_bfloat16;
 
@@ -51,9 +44,9 @@ int main(int argc, char** argv) {
   std::vector<T*> bufs;
   auto alloc = [&](size_t n, uint32_t salt) {
     T* p = nullptr;
-    PROBE_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    KVROPE_TOOL_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
     probe_fill<<<1024, 256>>>(p, n, salt);
-    PROBE_CHECK(cudaGetLastError());
+    KVROPE_TOOL_CUDA(cudaGetLastError());
     bufs.push_back(p);
     return p;
   };
@@ -63,8 +56,8 @@ int main(int argc, char** argv) {
   std::vector<int64_t> h_pos(S);
   std::iota(h_pos.begin(), h_pos.end(), int64_t{0});
   int64_t* pos = nullptr;
-  PROBE_CHECK(cudaMalloc(&pos, std::max<int64_t>(S, 1) * sizeof(int64_t)));
-  PROBE_CHECK(cudaMemcpy(pos, h_pos.data(), S * sizeof(int64_t), cudaMemcpyHostToDevice));
+  KVROPE_TOOL_CUDA(cudaMalloc(&pos, std::max<int64_t>(S, 1) * sizeof(int64_t)));
+  KVROPE_TOOL_CUDA(cudaMemcpy(pos, h_pos.data(), S * sizeof(int64_t), cudaMemcpyHostToDevice));
 
   kvrope::BackwardInPlaceParams<T> ip;
   ip.batch = B, ip.heads = H, ip.seq_len = S, ip.cache_len = L, ip.head_dim = D;
@@ -92,9 +85,9 @@ int main(int argc, char** argv) {
   // (bulk_chunk_bytes), KVROPE_SPEC_LARGE (bulk_speculate_large, 0/1),
   // KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch).
   int device = 0, major = 0, minor = 0;
-  PROBE_CHECK(cudaGetDevice(&device));
-  PROBE_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  PROBE_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  KVROPE_TOOL_CUDA(cudaGetDevice(&device));
+  KVROPE_TOOL_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KVROPE_TOOL_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   kvrope::LaunchTuning tuning = kvrope::default_tuning(major, minor);
   auto env_int = [](const char* name, int fallback) {
     const char* v = std::getenv(name);
@@ -110,8 +103,8 @@ int main(int argc, char** argv) {
   tuning.bulk_speculate_large = env_int("KVROPE_SPEC_LARGE", tuning.bulk_speculate_large) != 0;
   const bool flush_l2 = env_int("KVROPE_FLUSH", 1) != 0;  // 0: caches warm (the previous launch's data)
   if (env_int("KVROPE_WORKSPACE", 1) != 0) {  // zeroed once: the kernel leaves it zero
-    PROBE_CHECK(cudaMalloc(&op.workspace, kvrope::kBackwardWorkspaceBytes));
-    PROBE_CHECK(cudaMemset(op.workspace, 0, kvrope::kBackwardWorkspaceBytes));
+    KVROPE_TOOL_CUDA(cudaMalloc(&op.workspace, kvrope::kBackwardWorkspaceBytes));
+    KVROPE_TOOL_CUDA(cudaMemset(op.workspace, 0, kvrope::kBackwardWorkspaceBytes));
   }
 
   kvrope::BackwardPlan plan;
@@ -129,38 +122,38 @@ int main(int argc, char** argv) {
               plan.bulk_chunk_rows, plan.bulk_speculated_chunks, static_cast<int>(plan.token_zeros),
               static_cast<long long>(plan.bulk_shared_chunks), flush_l2 ? "" : " (L2 warm)");
   cudaEvent_t start, stop;
-  PROBE_CHECK(cudaEventCreate(&start));
-  PROBE_CHECK(cudaEventCreate(&stop));
+  KVROPE_TOOL_CUDA(cudaEventCreate(&start));
+  KVROPE_TOOL_CUDA(cudaEventCreate(&stop));
 #ifdef KVROPE_TRACE
   int l2 = 0;
-  PROBE_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  KVROPE_TOOL_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   void* flush = nullptr;
-  PROBE_CHECK(cudaMalloc(&flush, 2 * size_t(l2)));
+  KVROPE_TOOL_CUDA(cudaMalloc(&flush, 2 * size_t(l2)));
 #endif
   for (int i = 0; i < launches; ++i) {
 #ifdef KVROPE_TRACE
     using kvrope::detail::kTraceEvents;
     using kvrope::detail::kTraceWarps;
     static unsigned long long zeros[kTraceWarps][kTraceEvents];
-    PROBE_CHECK(cudaMemcpyToSymbol(kvrope::detail::kvrope_trace, zeros, sizeof(zeros)));
-    if (flush_l2) PROBE_CHECK(cudaMemset(flush, i, 2 * size_t(l2)));
-    PROBE_CHECK(cudaDeviceSynchronize());
+    KVROPE_TOOL_CUDA(cudaMemcpyToSymbol(kvrope::detail::kvrope_trace, zeros, sizeof(zeros)));
+    if (flush_l2) KVROPE_TOOL_CUDA(cudaMemset(flush, i, 2 * size_t(l2)));
+    KVROPE_TOOL_CUDA(cudaDeviceSynchronize());
 #endif
-    PROBE_CHECK(cudaEventRecord(start));
+    KVROPE_TOOL_CUDA(cudaEventRecord(start));
     const kvrope::Status s =
         in_place ? kvrope::kv_cache_rope_backward(ip, tuning) : kvrope::kv_cache_rope_backward(op, tuning);
-    PROBE_CHECK(cudaEventRecord(stop));
-    PROBE_CHECK(cudaEventSynchronize(stop));
+    KVROPE_TOOL_CUDA(cudaEventRecord(stop));
+    KVROPE_TOOL_CUDA(cudaEventSynchronize(stop));
     if (!s) {
       std::fprintf(stderr, "launch: %s (%s)\n", kvrope::to_string(s.code), s.field ? s.field : "");
       return 1;
     }
     float ms = 0;
-    PROBE_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    KVROPE_TOOL_CUDA(cudaEventElapsedTime(&ms, start, stop));
     std::printf("launch %d: %.2f us (events)\n", i, ms * 1000.0f);
 #ifdef KVROPE_TRACE
     static unsigned long long trace[kTraceWarps][kTraceEvents];
-    PROBE_CHECK(cudaMemcpyFromSymbol(trace, kvrope::detail::kvrope_trace, sizeof(trace)));
+    KVROPE_TOOL_CUDA(cudaMemcpyFromSymbol(trace, kvrope::detail::kvrope_trace, sizeof(trace)));
     unsigned long long t0 = ~0ull;
     for (auto& w : trace)
       if (w[0]) t0 = std::min(t0, w[0]);
@@ -186,7 +179,7 @@ int main(int argc, char** argv) {
     }
 #endif
   }
-  for (T* p : bufs) PROBE_CHECK(cudaFree(p));
-  PROBE_CHECK(cudaFree(pos));
+  for (T* p : bufs) KVROPE_TOOL_CUDA(cudaFree(p));
+  KVROPE_TOOL_CUDA(cudaFree(pos));
   return 0;
 }
