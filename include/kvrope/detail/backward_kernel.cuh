@@ -36,13 +36,8 @@ inline constexpr int64_t kMaxSharedBytes = bulk_ring_offset(mask_bytes(kMaxWindo
 //! Bulk copy: blocks load their first chunks before the bitmask (LaunchTuning::bulk_speculate_chunks)
 //! when the window has at most this many chunks per block.
 inline constexpr int64_t kSpeculateChunksPerBlock = 8;
-//! Positions each thread building a bitmask loads at once, before their atomics (one round trip):
-//! 8 covers 2 816 positions in one round with 11 token warps a block. Experiment knob:
-//! -DKVROPE_MASK_LOADS=N (docs/perf-notes.md, v6).
-#ifndef KVROPE_MASK_LOADS
-#define KVROPE_MASK_LOADS 8
-#endif
-inline constexpr int kMaskLoads = KVROPE_MASK_LOADS;
+//! Positions each thread building a bitmask loads at once, before their atomics (one round trip).
+inline constexpr int kMaskLoads = 4;
 //! Bulk copy of a small cache: chunks are halved down to this size at the least
 //! (LaunchTuning::bulk_min_chunks_per_block).
 inline constexpr int64_t kMinBulkChunkBytes = 4096;
