@@ -46,11 +46,13 @@ int main() {
   T *gk, *gv, *key, *cos, *sin, *gks, *gvs, *gcos, *gsin, *gk_in, *gv_in;
   int64_t* pos;
   int* flag;
+  void* workspace;  // optional: lets the blocks share a large cache's copy (docs/api.md)
   for (auto [p, n] : {std::pair{&gk, cache}, {&gv, cache}, {&key, tok}, {&cos, tab}, {&sin, tab}, {&gks, tok},
                       {&gvs, tok}, {&gcos, tab}, {&gsin, tab}, {&gk_in, cache}, {&gv_in, cache}})
     CHECK_CUDA(cudaMalloc(p, n * sizeof(T)));
   CHECK_CUDA(cudaMalloc(&pos, S * sizeof(int64_t)));
   CHECK_CUDA(cudaMalloc(&flag, sizeof(int)));
+  CHECK_CUDA(cudaMalloc(&workspace, kvrope::kBackwardWorkspaceBytes));
   CHECK_CUDA(cudaMemcpy(gk, h_gk.data(), cache * sizeof(T), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(gv, h_gv.data(), cache * sizeof(T), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(key, h_key.data(), tok * sizeof(T), cudaMemcpyHostToDevice));
@@ -74,8 +76,10 @@ int main() {
   p.grad_key_cache_input = kvrope::bhsd(gk_in, H, L, D);
   p.grad_value_cache_input = kvrope::bhsd(gv_in, H, L, D);
   p.error_flag = flag;
+  p.workspace = workspace;
 
   if (kvrope::Status s = kvrope::reset_error_flag(flag); !s) return 1;
+  if (kvrope::Status s = kvrope::reset_workspace(workspace); !s) return 1;  // once: calls leave it zero
   const kvrope::Status status = kvrope::kv_cache_rope_backward(p);
   if (!status) {
     std::printf("launch failed: %s (%s)\n", kvrope::to_string(status.code), status.field ? status.field : "-");
@@ -115,5 +119,6 @@ int main() {
   for (T* ptr : {gk, gv, key, cos, sin, gks, gvs, gcos, gsin, gk_in, gv_in}) cudaFree(ptr);
   cudaFree(pos);
   cudaFree(flag);
+  cudaFree(workspace);
   return r.ok() && flag_status ? 0 : 1;
 }
