@@ -47,7 +47,8 @@ struct BackwardParams : BackwardCommon<T, Pos> {
   //! starts; the kernel leaves it zero when it ends, so zero it once (cudaMemset, or
   //! reset_workspace) and pass it to every call. With it, the blocks share the copy of a large
   //! cache at run time (each takes its next chunk from a counter in the workspace), so the SMs that
-  //! stream faster copy more: about 8 % faster on large caches on an H200 (docs/perf-notes.md, v6).
+  //! stream faster copy more: 5-7 % faster on the large caches of the benchmark on an H200
+  //! (docs/perf-notes.md, v6).
   //! Without it, each block copies a fixed share. Calls that may run at the same time (on other
   //! streams, or in parallel branches of a graph) each need a workspace of their own.
   void* workspace = nullptr;
