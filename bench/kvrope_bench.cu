@@ -1310,6 +1310,21 @@ std::string json_number(double v) {
   return buf;
 }
 
+// The launch tuning set by the flags, as a JSON object (every field, so that a results file says
+// exactly what ran).
+std::string tuning_json(const kvrope::LaunchTuning& t) {
+  auto on = [](bool b) { return std::string(b ? "true" : "false"); };
+  return "{\"block_threads\": " + std::to_string(t.block_threads) + ", \"blocks_per_sm\": " +
+         std::to_string(t.blocks_per_sm) + ", \"token_warp_weight\": " + json_number(t.token_warp_weight) +
+         ", \"bulk_stages\": " + std::to_string(t.bulk_stages) + ", \"bulk_store_slack\": " +
+         std::to_string(t.bulk_store_slack) + ", \"bulk_copy\": " + on(t.bulk_copy) +
+         ", \"bulk_min_chunks_per_block\": " + std::to_string(t.bulk_min_chunks_per_block) +
+         ", \"bulk_speculate_chunks\": " + std::to_string(t.bulk_speculate_chunks) + ", \"token_zeros\": " +
+         on(t.token_zeros) + ", \"mask_after_first_item\": " + on(t.mask_after_first_item) +
+         ", \"bulk_share_chunks\": " + on(t.bulk_share_chunks) + ", \"bulk_chunk_bytes\": " +
+         std::to_string(t.bulk_chunk_bytes) + ", \"bulk_speculate_large\": " + on(t.bulk_speculate_large) + "}";
+}
+
 std::string json_array(const std::vector<double>& v) {
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + json_number(v[i]);
@@ -1338,7 +1353,8 @@ void write_json(const Summary& s, const std::string& path) {
        json_string("CUPTI: first start to last end of the call's kernels, memcpys and memsets; L2 (" +
                    std::to_string(g_clock->flush_bytes()) + " bytes written) flushed and device synchronized before "
                    "each call; statistic: median") +
-       "},\n";
+       ", \"fused_workspace\": " + (g_options.workspace ? "true" : "false") + ", \"launch_tuning\": " +
+       (g_options.tuned ? tuning_json(g_options.tuning) : std::string("\"default_tuning\"")) + "},\n";
   j += "  \"calibration\": {\"copy_bytes\": " + std::to_string(g_calibration.copy_bytes) +
        ", \"copy_median_us\": " + json_number(g_calibration.copy_median_us) +
        ", \"copy_bandwidth_TBps\": " + json_number(g_calibration.bandwidth_bytes_per_us * 1e-6) +

@@ -38,9 +38,9 @@ struct BackwardPlan {
   bool bulk_copy = false;     //!< out-of-place: one warp per block copies the caches with the bulk-copy engine (sm_90+)
   int token_parts = 1;        //!< warps sharing one token (a power of two): more when tokens are fewer than token warps
   int bulk_chunk_rows = 0;    //!< with bulk_copy: cache rows per chunk of the copy (fewer than a 32 KiB stage holds for small caches)
-  int bulk_speculated_chunks = 0;  //!< with bulk_copy: chunks each block loads before its bitmask exists (small caches)
+  int bulk_speculated_chunks = 0;  //!< with bulk_copy: chunks each block loads before its bitmask exists (when the positions fit one round of the bitmask's loads)
   bool token_zeros = false;   //!< the token warps write the zeros of rows cache_position of the cache-input gradients
-  int64_t bulk_shared_chunks = 0;  //!< with bulk_copy and a workspace: chunks the blocks take from its counter at run time
+  int64_t bulk_shared_chunks = 0;  //!< chunks the blocks take from the workspace's counter at run time (bulk copy, a workspace, bulk_share_chunks, more than 8 chunks a block, one bitmask window; else 0)
 };
 
 namespace detail {

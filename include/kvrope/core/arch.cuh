@@ -41,11 +41,12 @@ struct LaunchTuning {
   //! the H200 (the copy's data then waits behind the token traffic: docs/perf-notes.md, v5), so off.
   bool mask_after_first_item = false;
   //! With the bulk copy and a workspace (BackwardParams::workspace): blocks take the chunks of a
-  //! large cache (more than 8 chunks per block) past their first ring's worth from a shared counter
-  //! at run time; false: each block copies a fixed range, as without a workspace.
+  //! large cache (more than 8 chunks per block, at most 65 536 rows: one bitmask window) past their
+  //! first ring's worth from a shared counter at run time; false: each block copies a fixed range,
+  //! as without a workspace.
   bool bulk_share_chunks = true;
   //! With the bulk copy: the most bytes a chunk of the copy holds (4 KiB to the 32 KiB stage,
-  //! rounded down to whole rows).
+  //! rounded down to whole rows; a chunk has at least one row).
   int bulk_chunk_bytes = 32768;
   //! With the bulk copy: blocks speculate their first chunks (bulk_speculate_chunks) for caches of
   //! any size, not only small ones, when the positions fit one round of the bitmask's loads.

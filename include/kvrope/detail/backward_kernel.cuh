@@ -33,8 +33,9 @@ __host__ __device__ inline constexpr int64_t mask_bytes(int64_t window_rows) { r
 inline constexpr int64_t kMaxWindowRows = 65536;  // 8 KiB of bitmask
 //! The most dynamic shared memory a launch asks for: the largest bitmask and the bulk-copy ring.
 inline constexpr int64_t kMaxSharedBytes = bulk_ring_offset(mask_bytes(kMaxWindowRows)) + bulk_ring_bytes(kMaxBulkStages);
-//! Bulk copy: blocks load their first chunks before the bitmask (LaunchTuning::bulk_speculate_chunks)
-//! when the window has at most this many chunks per block.
+//! Bulk copy: a window of at most this many chunks per block is a small cache: its blocks load their
+//! first chunks before the bitmask (LaunchTuning::bulk_speculate_chunks; larger caches too with
+//! bulk_speculate_large), and its token warps write the zero rows (token_zeros).
 inline constexpr int64_t kSpeculateChunksPerBlock = 8;
 //! Positions each thread building a bitmask loads at once, before their atomics (one round trip).
 inline constexpr int kMaskLoads = 4;

@@ -103,8 +103,10 @@ __host__ __device__ __forceinline__ BulkRange bulk_range(const BulkWindow& w, in
 //! share the rest (BackwardArgs::bulk_tickets), chunks `shared_first + t` for tickets t drawn from a
 //! counter all blocks draw from, until a ticket is past the last chunk. A block that streams faster
 //! draws more (docs/perf-notes.md, v6: the SMs' shares of the bandwidth differ by up to 30 %, and a
-//! fixed share per block left the copy as slow as its slowest block). Lane 0 asks for the next two
-//! tickets in advance, so the atomic's round trip is off the warp's path.
+//! fixed share per block left the copy as slow as its slowest block). Lane 0 holds two tickets asked
+//! for in advance; as written, each take tests the ticket asked for at the previous take before it
+//! asks for the next, so it waits for that atomic: one take of lead, not two (docs/perf-notes.md,
+//! next steps).
 struct ChunkSource {
   int64_t next, end;              // the block's range still to take
   int64_t shared_first = 0;       // the first chunk handed out by ticket
