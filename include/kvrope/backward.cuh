@@ -328,12 +328,13 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   if (plan.bulk_copy) {  // the copy warp's first chunks without a division on its path
     args.bulk_first = bulk_window(args, row_window(args, 0));
     args.bulk_per_block = bulk_chunks_per_block(args.bulk_first.total, plan.grid);
-    // A large cache and a workspace: each block copies its first ring's worth of chunks, and the
-    // blocks take the rest from the workspace's counter as they go (ChunkSource).
+    // A large cache (not small_cache: the same chunks) and a workspace: each block copies its first
+    // ring's worth of chunks, and the blocks take the rest from the workspace's counter as they go
+    // (ChunkSource).
     const int64_t total = args.bulk_first.total;
     const int64_t fixed = std::min<int64_t>(args.bulk_per_block, stages);
-    if (a.workspace != nullptr && tune.bulk_share_chunks && args.windows == 1 &&
-        total > kSpeculateChunksPerBlock * int64_t{plan.grid} && total - fixed * plan.grid < (int64_t{1} << 31)) {
+    if (a.workspace != nullptr && tune.bulk_share_chunks && args.windows == 1 && !small_cache &&
+        total - fixed * plan.grid < (int64_t{1} << 31)) {
       args.bulk_per_block = fixed;
       args.bulk_tickets = a.workspace;
       plan.bulk_shared_chunks = total - fixed * plan.grid;

@@ -114,18 +114,18 @@ TEST_CASE("every launch tuning stays right: token zeros, speculated chunks, chun
         for (const int min_chunks : {0, 8})
           for (const bool bulk : {true, false})
             for (const bool late : {true, false}) {
-            if (!bulk && (spec != 0 || min_chunks != 0 || late)) continue;  // those knobs are the bulk copy's
-            if (late && (spec != 6 || min_chunks != 0)) continue;  // the other barrier order, once a shape
-            LaunchTuning tuning = default_tuning(9, 0);
-            tuning.token_zeros = token_zeros;
-            tuning.bulk_speculate_chunks = spec;
-            tuning.bulk_min_chunks_per_block = min_chunks;
-            tuning.bulk_copy = bulk;
-            tuning.mask_after_first_item = late;
-            INFO("token_zeros " << token_zeros << " spec " << spec << " min_chunks " << min_chunks << " bulk "
-                                << bulk << " mask_after_first_item " << late);
-            p.launch_and_check([&] { REQUIRE(kv_cache_rope_backward(p.device_params(), tuning).ok()); });
-          }
+              if (!bulk && (spec != 0 || min_chunks != 0 || late)) continue;  // those knobs are the bulk copy's
+              if (late && (spec != 6 || min_chunks != 0)) continue;  // the other barrier order, once a shape
+              LaunchTuning tuning = default_tuning(9, 0);
+              tuning.token_zeros = token_zeros;
+              tuning.bulk_speculate_chunks = spec;
+              tuning.bulk_min_chunks_per_block = min_chunks;
+              tuning.bulk_copy = bulk;
+              tuning.mask_after_first_item = late;
+              INFO("token_zeros " << token_zeros << " spec " << spec << " min_chunks " << min_chunks << " bulk "
+                                  << bulk << " mask_after_first_item " << late);
+              p.run_and_check(&tuning);
+            }
   }
 }
 
@@ -143,23 +143,25 @@ TEST_CASE("blocks sharing a large cache's copy through the workspace stay right,
       for (const int chunk_bytes : {4096, 32768})
         for (const bool share : {true, false})
           for (const bool early : {true, false}) {  // the first chunks speculated, or not
-          if ((!workspace && !share) || (!early && !(workspace && share && chunk_bytes == 4096))) continue;
-          p.use_workspace = workspace;
-          LaunchTuning tuning = default_tuning(9, 0);
-          tuning.bulk_chunk_bytes = chunk_bytes;
-          tuning.bulk_share_chunks = share;
-          tuning.bulk_speculate_large = early;
-          BackwardPlan plan;
-          REQUIRE(plan_backward(p.device_params(), tuning, &plan).ok());
-          INFO("workspace " << workspace << " chunk bytes " << chunk_bytes << " share " << share << " early " << early
-                            << " shared chunks " << plan.bulk_shared_chunks << " speculated " << plan.bulk_speculated_chunks);
-          const Shape& sh = cfg.shape;  // shared only when a cache has more than 8 chunks per block
-          const int64_t rows = std::max(plan.bulk_chunk_rows, 1);
-          const bool large = 2 * sh.batch * sh.heads * ((sh.cache_len + rows - 1) / rows) > 8 * int64_t{plan.grid};
-          if (chunk_bytes == 4096) CHECK(large);
-          CHECK((plan.bulk_shared_chunks > 0) == (workspace && share && large && plan.bulk_copy));
-          for (int call = 0; call < 2; ++call)  // the second call starts from the workspace the first left
-            p.launch_and_check([&] { REQUIRE(kv_cache_rope_backward(p.device_params(), tuning).ok()); });
-        }
+            if ((!workspace && !share) || (!early && !(workspace && share && chunk_bytes == 4096))) continue;
+            p.use_workspace = workspace;
+            LaunchTuning tuning = default_tuning(9, 0);
+            tuning.bulk_chunk_bytes = chunk_bytes;
+            tuning.bulk_share_chunks = share;
+            tuning.bulk_speculate_large = early;
+            BackwardPlan plan;
+            REQUIRE(plan_backward(p.device_params(), tuning, &plan).ok());
+            INFO("workspace " << workspace << " chunk bytes " << chunk_bytes << " share " << share << " early "
+                              << early << " shared chunks " << plan.bulk_shared_chunks << " speculated "
+                              << plan.bulk_speculated_chunks);
+            const Shape& sh = cfg.shape;  // shared only when a cache has more than 8 chunks per block
+            const int64_t rows = std::max(plan.bulk_chunk_rows, 1);
+            const bool large = 2 * sh.batch * sh.heads * ((sh.cache_len + rows - 1) / rows) >
+                               detail::kSpeculateChunksPerBlock * int64_t{plan.grid};
+            if (chunk_bytes == 4096) CHECK(large);
+            CHECK((plan.bulk_shared_chunks > 0) == (workspace && share && large && plan.bulk_copy));
+            for (int call = 0; call < 2; ++call)  // the second call starts from the workspace the first left
+              p.run_and_check(&tuning);
+          }
   }
 }

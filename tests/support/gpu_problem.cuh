@@ -296,21 +296,26 @@ struct Problem {
 
   bool in_place() const { return cfg.variant == Variant::kInPlace || cfg.variant == Variant::kInPlaceNoTables; }
 
-  //! Launches the configured implementation on `stream` (no synchronization).
-  Status launch(cudaStream_t stream = nullptr) {
-    if (in_place()) return kv_cache_rope_backward(device_inplace_params(), stream);
+  //! Launches the configured implementation on `stream` (no synchronization), with `tuning` when
+  //! given instead of the device's default launch parameters (the fused variants).
+  Status launch(cudaStream_t stream = nullptr, const LaunchTuning* tuning = nullptr) {
+    if (in_place())
+      return tuning ? kv_cache_rope_backward(device_inplace_params(), *tuning, stream)
+                    : kv_cache_rope_backward(device_inplace_params(), stream);
     if (cfg.variant == Variant::kNaive) {
       auto p = device_params();
       workspace = DeviceBuffer<char>(reference::naive_backward_workspace_bytes(p));
       return reference::naive_backward(p, workspace.get(), workspace.size(), stream);
     }
-    return kv_cache_rope_backward(device_params(), stream);
+    return tuning ? kv_cache_rope_backward(device_params(), *tuning, stream)
+                  : kv_cache_rope_backward(device_params(), stream);
   }
 
-  //! Runs the configured implementation once and checks everything it wrote against float64.
-  void run_and_check() {
+  //! Runs the configured implementation once (with `tuning` when given) and checks everything it
+  //! wrote against float64.
+  void run_and_check(const LaunchTuning* tuning = nullptr) {
     launch_and_check([&] {
-      const Status st = launch();
+      const Status st = launch(nullptr, tuning);
       INFO("status " << to_string(st.code) << " field " << (st.field ? st.field : "-"));
       REQUIRE(st.ok());
     });
