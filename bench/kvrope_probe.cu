@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
   // (for traces of a variant): KVROPE_SPEC (bulk_speculate_chunks), KVROPE_TOKEN_ZEROS (0/1),
   // KVROPE_MIN_CHUNKS (bulk_min_chunks_per_block), KVROPE_STAGES (bulk_stages), KVROPE_MASK_LATE
   // (mask_after_first_item, 0/1), KVROPE_SHARE (bulk_share_chunks, 0/1), KVROPE_CHUNK
-  // (bulk_chunk_bytes), KVROPE_SPEC_LARGE (bulk_speculate_large, 0/1),
+  // (bulk_chunk_bytes), KVROPE_SPEC_LARGE (bulk_speculate_large, 0/1), KVROPE_SHARE_MIN
+  // (bulk_share_min_chunks_per_block), KVROPE_SHARE_TOKENS (share_token_items, 0/1),
   // KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch).
   int device = 0, major = 0, minor = 0;
   KVROPE_TOOL_CUDA(cudaGetDevice(&device));
@@ -101,6 +102,8 @@ int main(int argc, char** argv) {
   tuning.bulk_share_chunks = env_int("KVROPE_SHARE", tuning.bulk_share_chunks) != 0;
   tuning.bulk_chunk_bytes = env_int("KVROPE_CHUNK", tuning.bulk_chunk_bytes);
   tuning.bulk_speculate_large = env_int("KVROPE_SPEC_LARGE", tuning.bulk_speculate_large) != 0;
+  tuning.bulk_share_min_chunks_per_block = env_int("KVROPE_SHARE_MIN", tuning.bulk_share_min_chunks_per_block);
+  tuning.share_token_items = env_int("KVROPE_SHARE_TOKENS", tuning.share_token_items) != 0;
   const bool flush_l2 = env_int("KVROPE_FLUSH", 1) != 0;  // 0: caches warm (the previous launch's data)
   if (env_int("KVROPE_WORKSPACE", 1) != 0) {  // zeroed once: the kernel leaves it zero
     KVROPE_TOOL_CUDA(cudaMalloc(&op.workspace, kvrope::kBackwardWorkspaceBytes));
@@ -157,7 +160,10 @@ int main(int argc, char** argv) {
     unsigned long long t0 = ~0ull;
     for (auto& w : trace)
       if (w[0]) t0 = std::min(t0, w[0]);
-    const char* names[kTraceEvents] = {"entry", "mask", "done", "", "start", "data", "last_store"};
+    const char* names[kTraceEvents] = {"entry", "mask",       "done",     "", "start", "data", "last_store",
+                                       "position", "rows_issued", "rows"};
+    // Printed in the order they usually happen.
+    const int order[kTraceEvents] = {0, 7, 1, 8, 9, 4, 5, 6, 2, 3};
     for (int role = 1; role <= 2; ++role) {
       std::vector<double> ev[kTraceEvents];
       size_t count = 0;
@@ -169,7 +175,7 @@ int main(int argc, char** argv) {
       }
       if (count == 0) continue;
       std::printf("  %s warps %zu (us after the first warp's entry):\n", role == 1 ? "token" : "copy", count);
-      for (int e = 0; e < kTraceEvents; ++e) {
+      for (int e : order) {
         if (ev[e].empty()) continue;
         std::sort(ev[e].begin(), ev[e].end());
         std::printf("    %-10s n %5zu  min %6.2f  p10 %6.2f  p50 %6.2f  p90 %6.2f  max %6.2f\n", names[e],

@@ -40,7 +40,8 @@ struct BackwardPlan {
   int bulk_chunk_rows = 0;    //!< with bulk_copy: cache rows per chunk of the copy (fewer than a 32 KiB stage holds for small caches)
   int bulk_speculated_chunks = 0;  //!< with bulk_copy: chunks each block loads before its bitmask exists (when the positions fit one round of the bitmask's loads)
   bool token_zeros = false;   //!< the token warps write the zeros of rows cache_position of the cache-input gradients
-  int64_t bulk_shared_chunks = 0;  //!< chunks the blocks take from the workspace's counter at run time (bulk copy, a workspace, bulk_share_chunks, more than 8 chunks a block, one bitmask window; else 0)
+  int64_t bulk_shared_chunks = 0;  //!< chunks the blocks take from the workspace's counter at run time (bulk copy, a workspace, bulk_share_chunks, more than bulk_share_min_chunks_per_block chunks a block and more than the rings hold, one bitmask window; else 0)
+  int64_t shared_token_items = 0;  //!< token items (a token, or a part of one: token_parts) the token warps take from the workspace's counter past each warp's first (bulk copy, a workspace, share_token_items, more items than token warps; else 0)
 };
 
 namespace detail {
@@ -325,20 +326,33 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.bulk_slack = slack;
   args.bulk_chunk_rows = plan.bulk_chunk_rows;
   args.windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
+  args.workspace = nullptr;  // the caller's workspace goes to the kernel only if work is shared through it
   if (plan.bulk_copy) {  // the copy warp's first chunks without a division on its path
     args.bulk_first = bulk_window(args, row_window(args, 0));
     args.bulk_per_block = bulk_chunks_per_block(args.bulk_first.total, plan.grid);
-    // A large cache (not small_cache: the same chunks) and a workspace: each block copies its first
-    // ring's worth of chunks, and the blocks take the rest from the workspace's counter as they go
-    // (ChunkSource).
+    // A cache of more than bulk_share_min_chunks_per_block chunks a block and a workspace: each
+    // block copies its first ring's worth of chunks, and the blocks take the rest from the
+    // workspace's counter as they go (ChunkSource).
     const int64_t total = args.bulk_first.total;
     const int64_t fixed = std::min<int64_t>(args.bulk_per_block, stages);
-    if (a.workspace != nullptr && tune.bulk_share_chunks && args.windows == 1 && !small_cache &&
-        total - fixed * plan.grid < (int64_t{1} << 31)) {
+    const int64_t shared_chunks = total - fixed * plan.grid;
+    constexpr int64_t kMaxTickets = int64_t{1} << 31;
+    if (a.workspace != nullptr && tune.bulk_share_chunks && args.windows == 1 &&
+        total > int64_t{tune.bulk_share_min_chunks_per_block} * plan.grid && shared_chunks > 0 &&
+        shared_chunks < kMaxTickets) {
       args.bulk_per_block = fixed;
-      args.bulk_tickets = a.workspace;
-      plan.bulk_shared_chunks = total - fixed * plan.grid;
+      args.share_chunks = true;
+      plan.bulk_shared_chunks = shared_chunks;
     }
+    // More token items than token warps and a workspace: each warp does its first item, and the
+    // warps take the rest from the workspace's second counter as they go.
+    const int64_t items = tokens << parts_log2;
+    const int64_t shared_items = items - grid_token_warps;
+    if (a.workspace != nullptr && tune.share_token_items && shared_items > 0 && shared_items < kMaxTickets) {
+      args.share_tokens = true;
+      plan.shared_token_items = shared_items;
+    }
+    if (args.share_chunks || args.share_tokens) args.workspace = a.workspace;
   }
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};

@@ -169,7 +169,8 @@ __device__ __forceinline__ void head_sum_and_store(T* gcos, T* gsin, int64_t h, 
 // out-of-place with a.token_zeros).
 template <typename T, int kHeadDim, int kVec>
 __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& w,
-                                              int part, int64_t b, int64_t t, int64_t r, bool zero_row, int lane) {
+                                              int part, int64_t b, int64_t t, int64_t r, bool zero_row, int lane,
+                                              [[maybe_unused]] bool traced = false) {
   using V = Vec<T, kVec>;
   constexpr int kBatch = kTokenBatch<T>;
   const bool valid = r >= 0;
@@ -199,6 +200,8 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
             if (want_tables) kr[u] = load_raw<cub::LOAD_CS, kVec>(a.key.row(b, j, t), w.half, i0);
           }
         }
+        KVROPE_TRACE_DEP(traced && c0 == part * 32 / w.slots && j0 == slot, kTraceRowsIssued, 0);
+        KVROPE_TRACE_DEP(traced && c0 == part * 32 / w.slots && j0 == slot, kTraceRows, gr[0].lo.raw);
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const int j = j0 + u * w.slots;
@@ -330,25 +333,37 @@ __device__ __forceinline__ TokenCursor first_token(const BackwardArgs<T>& a, int
   return c;
 }
 
-// Warp w of `warps` handles items w, w + warps, ...; with `zero_rows` (in-place, or a.token_zeros)
-// each zeroes its part of the row after reading it, or, in-place when rows repeat, the first token of
-// a row handles all of them.
-// The next item's position is loaded before the current item's rows, so its latency is hidden.
+// Warp w of `warps` handles item w, then items w + warps, w + 2 warps, ..., or, with
+// a.share_tokens, items warps + t for tickets t drawn from the workspace's third word, so that the
+// warps of SMs that stream faster take more. With `zero_rows` (in-place, or a.token_zeros) each
+// zeroes its part of the row after reading it, or, in-place when rows repeat, the first token of a
+// row handles all of them.
+// The next item's position is loaded before the current item's rows, so its latency is hidden; its
+// ticket was asked for one item earlier still.
 // `after_first` runs once: after the warp's first item, or at once when it has none.
 template <typename T, int kHeadDim, int kVec, typename F>
 __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout, TokenCursor next,
                            int64_t warps, bool zero_rows, bool repeats, F&& after_first) {
   const int lane = threadIdx.x & 31;
   const int64_t items = (a.batch * a.seq_len) << a.token_parts_log2;
+  unsigned int* const tickets = a.share_tokens ? a.workspace + 2 : nullptr;
+  uint32_t ahead = 0;  // lane 0: the ticket of the item after the next
+  if (tickets != nullptr && lane == 0 && next.item < items) ahead = atomicAdd(tickets, 1u);
   if (next.item >= items) after_first();
   while (next.item < items) {
     const TokenCursor cur = next;
-    next = first_token(a, cur.item + warps);
+    int64_t following = cur.item + warps;
+    if (tickets != nullptr) {
+      following = warps + __shfl_sync(0xffffffffu, ahead, 0);
+      if (lane == 0 && following < items) ahead = atomicAdd(tickets, 1u);
+    }
+    next = first_token(a, following);
+    KVROPE_TRACE_DEP(cur.item < warps, kTracePosition, cur.r);
     if (cur.r < 0 && cur.part == 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
     if (zero_rows && repeats && cur.r >= 0) {
       process_row_group(a, layout, cur.part, cur.b, cur.t, cur.r, lane);
     } else {
-      process_token(a, layout, cur.part, cur.b, cur.t, cur.r, zero_rows, lane);
+      process_token(a, layout, cur.part, cur.b, cur.t, cur.r, zero_rows, lane, cur.item < warps);
     }
     if (cur.item < warps) {
       KVROPE_TRACE_AT(kTraceStart, 0);
@@ -504,6 +519,9 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     } else {
       token_work(a, layout, cursor, token_warps, false, false, after_first);
     }
+    // Shared work: the copy warp counts the block done (release_tickets) once every warp of it has
+    // drawn its last ticket (barrier 4).
+    if (a.workspace != nullptr) asm volatile("bar.arrive 4, %0;" ::"r"(blockDim.x) : "memory");
     KVROPE_TRACE_AT(kTraceDone, 0);
     return;
   }
@@ -512,7 +530,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
 #if KVROPE_HAS_BULK_COPY
   if (bulk_warp) {  // the block's one copy warp (copy_threads == 32)
     if (windows == 1 && prefetched > 0 && prefetched == first_range.end - first_range.begin && a.token_zeros &&
-        a.bulk_tickets == nullptr && a.gk_out.seq_stride == a.head_dim && a.gv_out.seq_stride == a.head_dim) {
+        !a.share_chunks && a.gk_out.seq_stride == a.head_dim && a.gv_out.seq_stride == a.head_dim) {
       bulk_store_speculated(a, mask, ring, first_range, lane);  // a small cache: every chunk in a stage
     } else {
       bulk_copy_window(a, mask, a.bulk_first, ring, first_chunks_src, prefetched, lane);
@@ -523,9 +541,12 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
         ChunkSource src = ChunkSource::of(bulk_range(w, blockIdx.x, gridDim.x));
         bulk_copy_window(a, mask, w, ring, src, 0, lane);
       }
-      release_tickets(a.bulk_tickets, lane);
     }
     KVROPE_TRACE_AT(kTraceLastStore, 0);
+    if (a.workspace != nullptr) {  // after the token warps' last tickets too (barrier 4)
+      asm volatile("bar.sync 4, %0;" ::"r"(blockDim.x) : "memory");
+      release_tickets(a.workspace, lane);
+    }
     bulk_drain();
     KVROPE_TRACE_AT(kTraceDone, 0);
     return;

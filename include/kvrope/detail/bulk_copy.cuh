@@ -100,19 +100,19 @@ __host__ __device__ __forceinline__ BulkRange bulk_range(const BulkWindow& w, in
 }
 
 //! The chunks of a window a copy warp copies, in order: its block's range, then, when the blocks
-//! share the rest (BackwardArgs::bulk_tickets), chunks `shared_first + t` for tickets t drawn from a
+//! share the rest (BackwardArgs::share_chunks), chunks `shared_first + t` for tickets t drawn from a
 //! counter all blocks draw from, until a ticket is past the last chunk. A block that streams faster
 //! draws more (docs/perf-notes.md, v6: the SMs' shares of the bandwidth differ by up to 30 %, and a
-//! fixed share per block left the copy as slow as its slowest block). Lane 0 holds two tickets asked
-//! for in advance; as written, each take tests the ticket asked for at the previous take before it
-//! asks for the next, so it waits for that atomic: one take of lead, not two (docs/perf-notes.md,
-//! next steps).
+//! fixed share per block left the copy as slow as its slowest block). Lane 0 keeps two tickets
+//! asked for in advance, in two registers used in turn, so a take reads the ticket asked for two
+//! takes before and never waits for the one just asked for.
 struct ChunkSource {
   int64_t next, end;              // the block's range still to take
   int64_t shared_first = 0;       // the first chunk handed out by ticket
   uint32_t shared_count = 0;      // chunks handed out by ticket (0: none)
   unsigned int* tickets = nullptr;
-  uint32_t ahead[2] = {0, 0};     // lane 0: the next two tickets, oldest first
+  uint32_t ahead0 = 0, ahead1 = 0;  // lane 0: the next two tickets; `odd` says which is older
+  bool odd = false;
 
   __device__ __forceinline__ static ChunkSource of(const BulkRange& r) { return ChunkSource{r.begin, r.end}; }
 
@@ -125,10 +125,16 @@ struct ChunkSource {
     if (shared_count == 0) return false;
     uint32_t t = 0;
     if (lane == 0) {
-      t = ahead[0];
-      ahead[0] = ahead[1];
-      if (ahead[1] < shared_count) ahead[1] = atomicAdd(tickets, 1u);
+      // The older ticket is used and its register refilled; the other stays in flight.
+      if (odd) {
+        t = ahead1;
+        if (t < shared_count) ahead1 = atomicAdd(tickets, 1u);
+      } else {
+        t = ahead0;
+        if (t < shared_count) ahead0 = atomicAdd(tickets, 1u);
+      }
     }
+    odd = !odd;
     t = __shfl_sync(0xffffffffu, t, 0);
     if (t >= shared_count) {
       shared_count = 0;
@@ -229,26 +235,30 @@ __device__ __forceinline__ void bulk_store(void* dst, const void* src, int64_t b
 template <typename T>
 __device__ __forceinline__ ChunkSource first_chunks(const BackwardArgs<T>& a, const BulkRange& range, int lane) {
   ChunkSource src = ChunkSource::of(range);
-  if (a.bulk_tickets != nullptr) {
-    src.tickets = a.bulk_tickets;
+  if (a.share_chunks) {
+    src.tickets = a.workspace;
     src.shared_first = int64_t{gridDim.x} * a.bulk_per_block;
     src.shared_count = static_cast<uint32_t>(a.bulk_first.total - src.shared_first);
     if (lane == 0) {
-      src.ahead[0] = atomicAdd(src.tickets, 1u);
-      src.ahead[1] = atomicAdd(src.tickets, 1u);
+      src.ahead0 = atomicAdd(src.tickets, 1u);
+      src.ahead1 = atomicAdd(src.tickets, 1u);
     }
   }
   return src;
 }
 
-//! After the copy warp's last ticket: the block counts itself done, and the last block of the grid
-//! zeroes the counters for the next call (every block's tickets were drawn before it counted itself).
-__device__ __forceinline__ void release_tickets(unsigned int* tickets, int lane) {
-  if (tickets != nullptr && lane == 0) {
+//! Once every warp of the block has drawn its last ticket (chunks and token items): the block
+//! counts itself done, and the last block of the grid zeroes the workspace's counters for the next
+//! call. The fences make every block's tickets happen before its count (release) and the counts
+//! before the reset (acquire).
+__device__ __forceinline__ void release_tickets(unsigned int* workspace, int lane) {
+  if (workspace != nullptr && lane == 0) {
     __threadfence();
-    if (atomicAdd(tickets + 1, 1u) == gridDim.x - 1) {
-      atomicExch(tickets, 0u);
-      atomicExch(tickets + 1, 0u);
+    if (atomicAdd(workspace + 1, 1u) == gridDim.x - 1) {
+      __threadfence();
+      atomicExch(workspace, 0u);
+      atomicExch(workspace + 2, 0u);
+      atomicExch(workspace + 1, 0u);
     }
   }
 }
