@@ -136,7 +136,6 @@ void print_usage() {
       "  --bulk_chunk=BYTES          LaunchTuning::bulk_chunk_bytes (most bytes of a chunk of the bulk copy)\n"
       "  --spec_large=0|1            LaunchTuning::bulk_speculate_large (speculated chunks for large caches too)\n"
       "  --share_min=N               LaunchTuning::bulk_share_min_chunks_per_block (share chunks above N a block)\n"
-      "  --share_tokens=0|1          LaunchTuning::share_token_items (token items past the first by ticket)\n"
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed share)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
@@ -194,7 +193,6 @@ const TuningFlag* tuning_flag(const std::string& key) {
       {"--bulk_chunk", &T::bulk_chunk_bytes, nullptr, 4096},
       {"--spec_large", nullptr, &T::bulk_speculate_large, 0},
       {"--share_min", &T::bulk_share_min_chunks_per_block, nullptr, 0},
-      {"--share_tokens", nullptr, &T::share_token_items, 0},
   };
   for (const TuningFlag& f : flags)
     if (key == f.name) return &f;
@@ -1327,8 +1325,7 @@ std::string tuning_json(const kvrope::LaunchTuning& t) {
          on(t.token_zeros) + ", \"mask_after_first_item\": " + on(t.mask_after_first_item) +
          ", \"bulk_share_chunks\": " + on(t.bulk_share_chunks) + ", \"bulk_chunk_bytes\": " +
          std::to_string(t.bulk_chunk_bytes) + ", \"bulk_speculate_large\": " + on(t.bulk_speculate_large) +
-         ", \"bulk_share_min_chunks_per_block\": " + std::to_string(t.bulk_share_min_chunks_per_block) +
-         ", \"share_token_items\": " + on(t.share_token_items) + "}";
+         ", \"bulk_share_min_chunks_per_block\": " + std::to_string(t.bulk_share_min_chunks_per_block) + "}";
 }
 
 std::string json_array(const std::vector<double>& v) {
@@ -1474,12 +1471,12 @@ int main(int argc, char** argv) {
     const kvrope::LaunchTuning& t = g_options.tuning;
     std::printf("launch tuning (flags): block %d, blocks/SM %d, token weight %.2f, bulk %d, stages %d, slack %d, "
                 "min chunks/block %d, speculated chunks %d, token zeros %d, mask after first item %d, shared chunks %d, "
-                "chunk bytes %d, speculate large %d, share above %d chunks/block, shared token items %d\n\n",
+                "chunk bytes %d, speculate large %d, share above %d chunks/block\n\n",
                 t.block_threads, t.blocks_per_sm, t.token_warp_weight, static_cast<int>(t.bulk_copy), t.bulk_stages,
                 t.bulk_store_slack, t.bulk_min_chunks_per_block, t.bulk_speculate_chunks,
                 static_cast<int>(t.token_zeros), static_cast<int>(t.mask_after_first_item),
                 static_cast<int>(t.bulk_share_chunks), t.bulk_chunk_bytes, static_cast<int>(t.bulk_speculate_large),
-                t.bulk_share_min_chunks_per_block, static_cast<int>(t.share_token_items));
+                t.bulk_share_min_chunks_per_block);
   }
   std::fflush(stdout);
 

@@ -41,7 +41,6 @@ struct BackwardPlan {
   int bulk_speculated_chunks = 0;  //!< with bulk_copy: chunks each block loads before its bitmask exists (when the positions fit one round of the bitmask's loads)
   bool token_zeros = false;   //!< the token warps write the zeros of rows cache_position of the cache-input gradients
   int64_t bulk_shared_chunks = 0;  //!< chunks the blocks take from the workspace's counter at run time (bulk copy, a workspace, bulk_share_chunks, more than bulk_share_min_chunks_per_block chunks a block and more than the rings hold, one bitmask window; else 0)
-  int64_t shared_token_items = 0;  //!< token items (a token, or a part of one: token_parts) the token warps take from the workspace's counter past each warp's first two (bulk copy, a workspace, share_token_items, more than two items a token warp; else 0)
 };
 
 namespace detail {
@@ -344,15 +343,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
       args.share_chunks = true;
       plan.bulk_shared_chunks = shared_chunks;
     }
-    // More than two token items a token warp and a workspace: each warp does its first two items,
-    // and the warps take the rest from the workspace's second counter as they go.
-    const int64_t items = tokens << parts_log2;
-    const int64_t shared_items = items - 2 * grid_token_warps;
-    if (a.workspace != nullptr && tune.share_token_items && shared_items > 0 && shared_items < kMaxTickets) {
-      args.share_tokens = true;
-      plan.shared_token_items = shared_items;
-    }
-    if (args.share_chunks || args.share_tokens) args.workspace = a.workspace;
+    if (args.share_chunks) args.workspace = a.workspace;
   }
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};

@@ -45,17 +45,17 @@ struct BackwardParams : BackwardCommon<T, Pos> {
 
   //! Optional device buffer of kBackwardWorkspaceBytes (4-byte aligned), all zero when the call
   //! starts; the kernel leaves it zero when it ends, so zero it once (cudaMemset, or
-  //! reset_workspace) and pass it to every call. With it, the blocks share work at run time through
-  //! counters in the workspace: the copy of a large cache (each block takes its next chunk by
-  //! ticket) and the token items past each warp's first, so the SMs that stream faster do more:
-  //! 5-7 % faster on the large caches of the benchmark on an H200 (docs/perf-notes.md, v6 and v7).
-  //! Without it, each block copies a fixed share and each token warp takes fixed items. Calls that may run at the same time (on other
+  //! reset_workspace) and pass it to every call. With it, the blocks share the copy of a large
+  //! cache at run time (each takes its next chunk from a counter in the workspace), so the SMs that
+  //! stream faster copy more: 5-7 % faster on the large caches of the benchmark on an H200
+  //! (docs/perf-notes.md, v6).
+  //! Without it, each block copies a fixed share. Calls that may run at the same time (on other
   //! streams, or in parallel branches of a graph) each need a workspace of their own.
   void* workspace = nullptr;
 };
 
 //! Bytes of BackwardParams::workspace.
-constexpr int64_t kBackwardWorkspaceBytes = 16;
+constexpr int64_t kBackwardWorkspaceBytes = 8;
 
 //! In-place backward: gK and gV become the cache-input gradients (their rows cache_position are
 //! zeroed after being read); only the bytes of the new tokens move.

@@ -165,37 +165,3 @@ TEST_CASE("blocks sharing a large cache's copy through the workspace stay right,
           }
   }
 }
-
-TEST_CASE("token warps taking items by ticket through the workspace stay right, call after call", "[gpu][tuning]") {
-  // More than twice as many token items as the grid has token warps (one block per SM, 11 token
-  // warps each, on an H200: 1 452), so that items past each warp's first two are taken by ticket
-  // (the last configuration has fewer: none are); positions that
-  // repeat, wrap, leave gaps or fall out of range; tokens split over warps (parts) or not.
-  const Config configs[] = {
-      {{2, 4, 2000, 2048, 64}, Layout::kBHSD, Positions::kArange, Variant::kOutOfPlace, false, 91},
-      {{3, 2, 1700, 4096, 128}, Layout::kBSHD, Positions::kDuplicates, Variant::kOutOfPlaceNoTables, true, 92},
-      {{1, 8, 3000, 3000, 128}, Layout::kBHSD, Positions::kNegative, Variant::kOutOfPlace, false, 93},
-      {{2, 8, 1500, 1600, 128}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlace, false, 94},
-      {{8, 8, 300, 512, 128}, Layout::kBHSD, Positions::kSparse, Variant::kOutOfPlace, false, 95},
-  };
-  for (const Config& cfg : configs) {
-    Problem<__nv_bfloat16, int64_t> p(cfg);
-    for (const bool workspace : {true, false})
-      for (const bool share : {true, false}) {
-        if (!workspace && !share) continue;
-        p.use_workspace = workspace;
-        LaunchTuning tuning = default_tuning(9, 0);
-        tuning.share_token_items = share;
-        BackwardPlan plan;
-        REQUIRE(plan_backward(p.device_params(), tuning, &plan).ok());
-        const int64_t items = cfg.shape.batch * cfg.shape.seq_len * plan.token_parts;
-        const int64_t warps = int64_t{plan.grid} * plan.token_warps;
-        INFO("workspace " << workspace << " share " << share << " items " << items << " token warps " << warps
-                          << " shared items " << plan.shared_token_items);
-        CHECK(plan.shared_token_items ==
-              (workspace && share && plan.bulk_copy ? std::max<int64_t>(items - 2 * warps, 0) : 0));
-        for (int call = 0; call < 2; ++call)  // the second call starts from the workspace the first left
-          p.run_and_check(&tuning);
-      }
-  }
-}

@@ -54,10 +54,6 @@ struct LaunchTuning {
   //! With the bulk copy and a workspace (bulk_share_chunks): the blocks share a cache's chunks only
   //! when it has more than this many per block (and more than the rings hold).
   int bulk_share_min_chunks_per_block = 8;
-  //! With the bulk copy and a workspace: token items past each token warp's first two are taken
-  //! from a counter in the workspace at run time (the warps of SMs that stream faster take more);
-  //! false: warp w takes items w, w + warps, ...
-  bool share_token_items = true;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the

@@ -45,12 +45,10 @@ struct BackwardArgs {
   int bulk_chunk_rows;  // with bulk: cache rows a chunk has at most (0: as many as a stage holds)
   BulkWindow bulk_first;  // with bulk: the chunks of the first bitmask window (bulk_window), set by the host
   int64_t bulk_per_block; // with bulk: chunks of the first window each block copies (bulk_range)
-  // Out-of-place: the caller's workspace (BackwardParams::workspace) when the launch shares work
-  // through it, else null (the host nulls it when neither kind of sharing applies). Words:
-  // {chunk ticket, blocks done, token ticket, unused}.
+  // Out-of-place: the caller's workspace (BackwardParams::workspace) when the blocks share the
+  // copy's chunks through it (share_chunks), else null. Words: {chunk ticket, blocks done}.
   unsigned int* workspace;
   bool share_chunks;    // with bulk and a workspace: chunks past grid x bulk_per_block are taken by ticket
-  bool share_tokens;    // with bulk and a workspace: token items past the token warps' first are taken by ticket
   FastDivmod div_seq;   // token index -> (b, t)
   FastDivmod div_heads;
 };

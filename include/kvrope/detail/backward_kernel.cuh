@@ -333,32 +333,20 @@ __device__ __forceinline__ TokenCursor first_token(const BackwardArgs<T>& a, int
   return c;
 }
 
-// Warp w of `warps` handles items w and w + warps, then w + 2 warps, w + 3 warps, ..., or, with
-// a.share_tokens, items 2 warps + t for tickets t drawn from the workspace's third word, so that the
-// warps of SMs that stream faster take more. With `zero_rows` (in-place, or a.token_zeros) each
-// zeroes its part of the row after reading it, or, in-place when rows repeat, the first token of a
-// row handles all of them.
-// The next item's position is loaded before the current item's rows, so its latency is hidden; its
-// ticket was asked for one item earlier still (the first at entry: no warp waits for the counter,
-// which every warp asks at once, before its second item is done).
+// Warp w of `warps` handles items w, w + warps, ...; with `zero_rows` (in-place, or a.token_zeros)
+// each zeroes its part of the row after reading it, or, in-place when rows repeat, the first token of
+// a row handles all of them.
+// The next item's position is loaded before the current item's rows, so its latency is hidden.
 // `after_first` runs once: after the warp's first item, or at once when it has none.
 template <typename T, int kHeadDim, int kVec, typename F>
 __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout, TokenCursor next,
                            int64_t warps, bool zero_rows, bool repeats, F&& after_first) {
   const int lane = threadIdx.x & 31;
   const int64_t items = (a.batch * a.seq_len) << a.token_parts_log2;
-  unsigned int* const tickets = a.share_tokens ? a.workspace + 2 : nullptr;
-  uint32_t ahead = 0;  // lane 0: the ticket of the item after the next
-  if (tickets != nullptr && lane == 0 && next.item + warps < items) ahead = atomicAdd(tickets, 1u);
   if (next.item >= items) after_first();
   while (next.item < items) {
     const TokenCursor cur = next;
-    int64_t following = cur.item + warps;
-    if (tickets != nullptr && cur.item >= warps) {  // past the two fixed items
-      following = 2 * warps + __shfl_sync(0xffffffffu, ahead, 0);
-      if (lane == 0 && following < items) ahead = atomicAdd(tickets, 1u);
-    }
-    next = first_token(a, following);
+    next = first_token(a, cur.item + warps);
     KVROPE_TRACE_DEP(cur.item < warps, kTracePosition, cur.r);
     if (cur.r < 0 && cur.part == 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
     if (zero_rows && repeats && cur.r >= 0) {
@@ -423,33 +411,13 @@ __device__ __forceinline__ void copy_warps_mask(const BackwardArgs<T>& a, uint32
 //! which starts its first loads at once and leaves the bitmask to the token warps; otherwise the
 //! copy warps move the rows through registers. In-place, every block first learns whether a row
 //! repeats (the bitmask again), then all its warps do token work.
-// Experiment knob (docs/perf-notes.md, v7): -DKVROPE_TOUCH_PARAMS=0 leaves the parameters untouched.
-#ifndef KVROPE_TOUCH_PARAMS
-#define KVROPE_TOUCH_PARAMS 1
-#endif
-
-// The kernel's parameters, touched at entry by every warp (its lanes 32 words spread over the
-// struct, in one indexed constant load): the first use of each 64-byte line of them otherwise
-// misses the constant caches, and the token and copy paths' first instructions each wait for such
-// misses one after another (docs/perf-notes.md, v7).
-template <typename Args>
-__device__ __forceinline__ uint32_t touch_params(const Args& a, int lane) {
-  constexpr int kWords = static_cast<int>(sizeof(Args) / 4);
-  return reinterpret_cast<const uint32_t*>(&a)[lane * kWords / 32];
-}
-// Waits for touch_params' load (a test no value can pass: batch is never negative).
-__device__ __forceinline__ void touched(uint32_t word, int64_t batch) {
-  if (word == 0x9e3779b9u && batch < 0) __nanosleep(1);
-}
-
 template <typename T, int kHeadDim, int kVec>
-__global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const __grid_constant__ BackwardArgs<T> a) {
+__global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const BackwardArgs<T> a) {
   extern __shared__ __align__(kBulkAlign) uint32_t mask[];
   __shared__ int repeats;
-  const int lane = threadIdx.x & 31;
-  const uint32_t params_word = KVROPE_TOUCH_PARAMS ? touch_params(a, lane) : 0u;
   KVROPE_TRACE_AT(kTraceEntry, 0);
   const int warp_in_block = threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
   const bool token_warp = a.in_place || warp_in_block < a.token_warps;
 
   // Work that needs no bitmask starts first, on the shortest instruction path: the copy warp's first
@@ -515,7 +483,6 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const __grid
   } else if (!late) {
     arrive_with_mask();
   }
-  touched(params_word, a.batch);
   KVROPE_TRACE_AT(kTraceMask, 0);
   KVROPE_TRACE_AT(kTraceRole, token_warp ? 1 : 2);
   const int64_t windows = a.windows;
@@ -541,9 +508,6 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const __grid
     } else {
       token_work(a, layout, cursor, token_warps, false, false, after_first);
     }
-    // Shared work: the copy warp counts the block done (release_tickets) once every warp of it has
-    // drawn its last ticket (barrier 4).
-    if (a.workspace != nullptr) asm volatile("bar.arrive 4, %0;" ::"r"(blockDim.x) : "memory");
     KVROPE_TRACE_AT(kTraceDone, 0);
     return;
   }
@@ -563,12 +527,9 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const __grid
         ChunkSource src = ChunkSource::of(bulk_range(w, blockIdx.x, gridDim.x));
         bulk_copy_window(a, mask, w, ring, src, 0, lane);
       }
-    }
-    KVROPE_TRACE_AT(kTraceLastStore, 0);
-    if (a.workspace != nullptr) {  // after the token warps' last tickets too (barrier 4)
-      asm volatile("bar.sync 4, %0;" ::"r"(blockDim.x) : "memory");
       release_tickets(a.workspace, lane);
     }
+    KVROPE_TRACE_AT(kTraceLastStore, 0);
     bulk_drain();
     KVROPE_TRACE_AT(kTraceDone, 0);
     return;

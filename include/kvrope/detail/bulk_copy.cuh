@@ -247,17 +247,15 @@ __device__ __forceinline__ ChunkSource first_chunks(const BackwardArgs<T>& a, co
   return src;
 }
 
-//! Once every warp of the block has drawn its last ticket (chunks and token items): the block
-//! counts itself done, and the last block of the grid zeroes the workspace's counters for the next
-//! call. The fences make every block's tickets happen before its count (release) and the counts
-//! before the reset (acquire).
+//! After the copy warp's last ticket: the block counts itself done, and the last block of the grid
+//! zeroes the workspace's counters for the next call. The fences make every block's tickets happen
+//! before its count (release) and the counts before the reset (acquire).
 __device__ __forceinline__ void release_tickets(unsigned int* workspace, int lane) {
   if (workspace != nullptr && lane == 0) {
     __threadfence();
     if (atomicAdd(workspace + 1, 1u) == gridDim.x - 1) {
       __threadfence();
       atomicExch(workspace, 0u);
-      atomicExch(workspace + 2, 0u);
       atomicExch(workspace + 1, 0u);
     }
   }
