@@ -21,13 +21,14 @@ void check_cover(int64_t heads, int64_t head_dim, int parts) {
   REQUIRE(w.slots >= 1);
   REQUIRE(w.slots <= 32);
   REQUIRE((w.slots & (w.slots - 1)) == 0);  // a power of two: a chunk pair's lanes never straddle warps
+  REQUIRE((1 << w.slots_log2) == w.slots);   // the kernel shifts by it instead of dividing
   REQUIRE(w.pairs == head_dim / 2 / kVec);
   std::vector<int> seen(static_cast<size_t>(heads * w.pairs), 0);
   for (int part = 0; part < parts; ++part) {
     for (int lane = 0; lane < 32; ++lane) {
       const int slot = (part * 32 + lane) & (w.slots - 1);
-      for (int c0 = part * 32 / w.slots; c0 < w.pairs; c0 += w.per_step) {
-        const int c = c0 + lane / w.slots;
+      for (int c0 = (part * 32) >> w.slots_log2; c0 < w.pairs; c0 += w.per_step) {
+        const int c = c0 + (lane >> w.slots_log2);
         if (c >= w.pairs) continue;
         for (int64_t j = slot; j < heads; j += w.slots) ++seen[static_cast<size_t>(j * w.pairs + c)];
       }

@@ -88,6 +88,7 @@ struct TokenLayout {
   int64_t half;  // h = D / 2
   int pairs;     // chunk pairs per row: h / kVec
   int slots;     // heads covered at once: a power of two, at most 32 and at most H rounded up
+  int slots_log2;  // log2(slots): the item's lane arithmetic shifts, with no integer division on its path
   int per_step;  // chunk pairs the token's warps cover at once: 32 x parts / slots
 
   __host__ __device__ __forceinline__ TokenLayout(int64_t head_dim, int64_t heads, int parts) {
@@ -95,8 +96,12 @@ struct TokenLayout {
     half = d / 2;
     pairs = static_cast<int>(half / kVec);
     slots = 1;
-    while (slots < 32 && slots < heads && int64_t{pairs} * slots * 2 <= 32 * int64_t{parts}) slots *= 2;
-    per_step = 32 * parts / slots;
+    slots_log2 = 0;
+    while (slots < 32 && slots < heads && int64_t{pairs} * slots * 2 <= 32 * int64_t{parts}) {
+      slots *= 2;
+      ++slots_log2;
+    }
+    per_step = (32 * parts) >> slots_log2;
   }
 };
 
@@ -178,8 +183,9 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
   const int g = part * 32 + lane;
   const int slot = g & (w.slots - 1);
 #pragma unroll 1
-  for (int c0 = part * 32 / w.slots; c0 < w.pairs; c0 += w.per_step) {
-    const int c = c0 + lane / w.slots;
+  const int first_c0 = (part * 32) >> w.slots_log2;
+  for (int c0 = first_c0; c0 < w.pairs; c0 += w.per_step) {
+    const int c = c0 + (lane >> w.slots_log2);
     const bool active = c < w.pairs;
     const int64_t i0 = int64_t{c} * kVec;
     RopeChunk<kVec> gcos = RopeChunk<kVec>::zeros(), gsin = RopeChunk<kVec>::zeros();
@@ -200,8 +206,8 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
             if (want_tables) kr[u] = load_raw<cub::LOAD_CS, kVec>(a.key.row(b, j, t), w.half, i0);
           }
         }
-        KVROPE_TRACE_DEP(traced && c0 == part * 32 / w.slots && j0 == slot, kTraceRowsIssued, 0);
-        KVROPE_TRACE_DEP(traced && c0 == part * 32 / w.slots && j0 == slot, kTraceRows, gr[0].lo.raw);
+        KVROPE_TRACE_DEP(traced && c0 == first_c0 && j0 == slot, kTraceRowsIssued, 0);
+        KVROPE_TRACE_DEP(traced && c0 == first_c0 && j0 == slot, kTraceRows, gr[0].lo.raw);
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const int j = j0 + u * w.slots;
