@@ -182,8 +182,8 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
   const bool want_tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
   const int g = part * 32 + lane;
   const int slot = g & (w.slots - 1);
-#pragma unroll 1
   const int first_c0 = (part * 32) >> w.slots_log2;
+#pragma unroll 1
   for (int c0 = first_c0; c0 < w.pairs; c0 += w.per_step) {
     const int c = c0 + (lane >> w.slots_log2);
     const bool active = c < w.pairs;
