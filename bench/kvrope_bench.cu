@@ -1467,17 +1467,8 @@ int main(int argc, char** argv) {
               static_cast<long long>(g_options.iters), static_cast<long long>(g_options.warmup),
               g_options.check ? "on" : "off", static_cast<double>(g_clock->flush_bytes()) / (1 << 20),
               g_options.workspace ? "on" : "off");
-  if (g_options.tuned) {  // a record of the launch parameters the fused variants ran with
-    const kvrope::LaunchTuning& t = g_options.tuning;
-    std::printf("launch tuning (flags): block %d, blocks/SM %d, token weight %.2f, bulk %d, stages %d, slack %d, "
-                "min chunks/block %d, speculated chunks %d, token zeros %d, mask after first item %d, shared chunks %d, "
-                "chunk bytes %d, speculate large %d, share above %d chunks/block\n\n",
-                t.block_threads, t.blocks_per_sm, t.token_warp_weight, static_cast<int>(t.bulk_copy), t.bulk_stages,
-                t.bulk_store_slack, t.bulk_min_chunks_per_block, t.bulk_speculate_chunks,
-                static_cast<int>(t.token_zeros), static_cast<int>(t.mask_after_first_item),
-                static_cast<int>(t.bulk_share_chunks), t.bulk_chunk_bytes, static_cast<int>(t.bulk_speculate_large),
-                t.bulk_share_min_chunks_per_block);
-  }
+  if (g_options.tuned)  // a record of the launch parameters the fused variants ran with, as in the JSON
+    std::printf("launch tuning (flags): %s\n\n", tuning_json(g_options.tuning).c_str());
   std::fflush(stdout);
 
   benchmark::AddCustomContext("kvrope_device", g_device.name);

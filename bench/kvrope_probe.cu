@@ -161,8 +161,10 @@ int main(int argc, char** argv) {
       if (w[0]) t0 = std::min(t0, w[0]);
     const char* names[kTraceEvents] = {"entry", "mask",       "done",     "", "start", "data", "last_store",
                                        "position", "rows_issued", "rows"};
-    // Printed in the order they usually happen.
-    const int order[kTraceEvents] = {0, 7, 1, 8, 9, 4, 5, 6, 2, 3};
+    // Printed in the order they usually happen (the role is not a time).
+    using namespace kvrope::detail;
+    const int order[] = {kTraceEntry,      kTracePosition, kTraceMask,      kTraceRowsIssued, kTraceRows,
+                         kTraceStart,      kTraceFirstData, kTraceLastStore, kTraceDone};
     for (int role = 1; role <= 2; ++role) {
       std::vector<double> ev[kTraceEvents];
       size_t count = 0;

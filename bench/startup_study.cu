@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include <kvrope/detail/trace.cuh>
+
 #include "cuda_exit.cuh"
 
 namespace {
@@ -25,17 +27,8 @@ __device__ __forceinline__ unsigned long long now() {
   return t;
 }
 
-// The timer once `dep` has arrived: the read is predicated on a test of it.
-__device__ __forceinline__ unsigned long long now_after(unsigned long long dep) {
-  unsigned long long t;
-  asm volatile(
-      "{\n .reg .pred p;\n setp.eq.u64 p, %1, 0x7ff0123456789abc;\n @p mov.u64 %0, 1;\n"
-      " @!p mov.u64 %0, %%globaltimer;\n}"
-      : "=l"(t)
-      : "l"(dep)
-      : "memory");
-  return t;
-}
+// The timer once `dep` has arrived in its register.
+using kvrope::detail::globaltimer_after;
 
 constexpr int kCodeSteps = 512;  // x 8 FMAs: 4 096 instructions, 64 KiB of code
 
@@ -49,7 +42,7 @@ __global__ void code_kernel(float seed, float* sink, unsigned long long* times) 
     unsigned long long dep = 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) dep += __float_as_uint(acc[i]);
-    t[pass] = now_after(dep);
+    t[pass] = globaltimer_after(dep);
 #pragma unroll
     for (int s = 0; s < kCodeSteps; ++s)
 #pragma unroll
@@ -58,7 +51,7 @@ __global__ void code_kernel(float seed, float* sink, unsigned long long* times) 
   unsigned long long dep = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) dep += __float_as_uint(acc[i]);
-  t[2] = now_after(dep);
+  t[2] = globaltimer_after(dep);
   if (threadIdx.x == 0) {
     for (int i = 0; i < 8; ++i) sink[i] = acc[i];
     times[0] = t[1] - t[0];
@@ -69,11 +62,11 @@ __global__ void code_kernel(float seed, float* sink, unsigned long long* times) 
 __global__ void load_kernel(const unsigned long long* fresh, unsigned long long* times) {
   const unsigned long long t0 = now();
   const unsigned long long a = __ldcg(fresh);  // first touch: DRAM (and the page's translation)
-  const unsigned long long t1 = now_after(a);
+  const unsigned long long t1 = globaltimer_after(a);
   const unsigned long long b = __ldcg(fresh + 4096 + (a & 1));  // 32 KiB on: same page, DRAM
-  const unsigned long long t2 = now_after(b);
+  const unsigned long long t2 = globaltimer_after(b);
   const unsigned long long c = __ldcg(fresh + (b & 1));  // the first line again: L2
-  const unsigned long long t3 = now_after(c);
+  const unsigned long long t3 = globaltimer_after(c);
   if (threadIdx.x == 0) {
     times[0] = t1 - t0;
     times[1] = t2 - t1;
@@ -90,7 +83,7 @@ __global__ void param_kernel(const BigParams p, unsigned long long* times) {
   unsigned long long x = 0;
 #pragma unroll
   for (int i = 0; i < 16; ++i) x = p.v[(i * 32 + (x & 1)) % 512] + (x >> 1);  // each index waits for x
-  const unsigned long long t1 = now_after(x);
+  const unsigned long long t1 = globaltimer_after(x);
   if (threadIdx.x == 0) times[0] = t1 - t0;
 }
 

@@ -325,7 +325,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.bulk_slack = slack;
   args.bulk_chunk_rows = plan.bulk_chunk_rows;
   args.windows = a.cache_len == 0 ? 1 : (a.cache_len + a.window_rows - 1) / a.window_rows;
-  args.workspace = nullptr;  // the caller's workspace goes to the kernel only if work is shared through it
+  args.workspace = nullptr;  // the caller's workspace goes to the kernel only when chunks are shared through it
   if (plan.bulk_copy) {  // the copy warp's first chunks without a division on its path
     args.bulk_first = bulk_window(args, row_window(args, 0));
     args.bulk_per_block = bulk_chunks_per_block(args.bulk_first.total, plan.grid);
@@ -341,9 +341,9 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
         shared_chunks < kMaxTickets) {
       args.bulk_per_block = fixed;
       args.share_chunks = true;
+      args.workspace = a.workspace;
       plan.bulk_shared_chunks = shared_chunks;
     }
-    if (args.share_chunks) args.workspace = a.workspace;
   }
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};

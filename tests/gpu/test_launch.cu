@@ -154,10 +154,10 @@ TEST_CASE("blocks sharing a large cache's copy through the workspace stay right,
             INFO("workspace " << workspace << " chunk bytes " << chunk_bytes << " share " << share << " early "
                               << early << " shared chunks " << plan.bulk_shared_chunks << " speculated "
                               << plan.bulk_speculated_chunks);
-            const Shape& sh = cfg.shape;  // shared only when a cache has more than 8 chunks per block
+            const Shape& sh = cfg.shape;  // shared only above bulk_share_min_chunks_per_block chunks a block
             const int64_t rows = std::max(plan.bulk_chunk_rows, 1);
             const bool large = 2 * sh.batch * sh.heads * ((sh.cache_len + rows - 1) / rows) >
-                               detail::kSpeculateChunksPerBlock * int64_t{plan.grid};
+                               int64_t{tuning.bulk_share_min_chunks_per_block} * plan.grid;
             if (chunk_bytes == 4096) CHECK(large);
             CHECK((plan.bulk_shared_chunks > 0) == (workspace && share && large && plan.bulk_copy));
             for (int call = 0; call < 2; ++call)  // the second call starts from the workspace the first left

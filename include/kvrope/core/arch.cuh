@@ -41,9 +41,9 @@ struct LaunchTuning {
   //! the H200 (the copy's data then waits behind the token traffic: docs/perf-notes.md, v5), so off.
   bool mask_after_first_item = false;
   //! With the bulk copy and a workspace (BackwardParams::workspace): blocks take the chunks of a
-  //! large cache (more than 8 chunks per block, at most 65 536 rows: one bitmask window) past their
-  //! first ring's worth from a shared counter at run time; false: each block copies a fixed range,
-  //! as without a workspace.
+  //! large cache (more than bulk_share_min_chunks_per_block chunks per block, at most 65 536 rows:
+  //! one bitmask window) past their first ring's worth from a shared counter at run time; false:
+  //! each block copies a fixed range, as without a workspace.
   bool bulk_share_chunks = true;
   //! With the bulk copy: the most bytes a chunk of the copy holds (4 KiB to the 32 KiB stage,
   //! rounded down to whole rows; a chunk has at least one row).
