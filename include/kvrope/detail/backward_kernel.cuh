@@ -190,11 +190,14 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
     const int64_t i0 = int64_t{c} * kVec;
     RopeChunk<kVec> gcos = RopeChunk<kVec>::zeros(), gsin = RopeChunk<kVec>::zeros();
     if (active) {
-      // The tables stay in T across the head loop and widen at each use: half the registers.
-      const RawChunk<T, kVec> cs = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, t), w.half, i0);
-      const RawChunk<T, kVec> sn = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, t), w.half, i0);
 #pragma unroll 1
       for (int j0 = slot; j0 < a.heads; j0 += kBatch * w.slots) {
+        // The tables are loaded here, in the loop, and widened only after the row loads are issued:
+        // loaded before the loop, their widening (loop-invariant arithmetic) was hoisted out of it,
+        // above the row loads, whose issue then waited a memory round trip for the tables
+        // (docs/perf-notes.md, v8). (For H <= kBatch x slots the loop runs once.)
+        const RawChunk<T, kVec> cs_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, t), w.half, i0);
+        const RawChunk<T, kVec> sn_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, t), w.half, i0);
         RawChunk<T, kVec> gr[kBatch], vr[kBatch], kr[kBatch];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
@@ -206,6 +209,7 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
             if (want_tables) kr[u] = load_raw<cub::LOAD_CS, kVec>(a.key.row(b, j, t), w.half, i0);
           }
         }
+        const RopeChunk<kVec> cs = cs_raw.widen(), sn = sn_raw.widen();
         KVROPE_TRACE_DEP(traced && c0 == first_c0 && j0 == slot, kTraceRowsIssued, 0);
         KVROPE_TRACE_DEP(traced && c0 == first_c0 && j0 == slot, kTraceRows, gr[0].lo.raw);
 #pragma unroll
@@ -215,7 +219,7 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
           const RopeChunk<kVec> gf = gr[u].widen();
           if (want_tables) accumulate_rope_table_grads(gf, kr[u].widen(), gcos, gsin);
           store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), w.half, i0, vr[u]);
-          store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), w.half, i0, rope_backward(gf, cs.widen(), sn.widen()));
+          store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), w.half, i0, rope_backward(gf, cs, sn));
           if (zero_row && valid) {
             const RawChunk<T, kVec> zero{V::zeros(), V::zeros()};
             store_raw<cub::STORE_CS>(a.gk_out.row(b, j, r), w.half, i0, zero);
