@@ -43,13 +43,39 @@ inline constexpr int kMaskLoads = 4;
 //! (LaunchTuning::bulk_min_chunks_per_block).
 inline constexpr int64_t kMinBulkChunkBytes = 4096;
 
+// A position as loaded, its words not yet looked at (int32 positions: `lo`, and `hi` zero). A load
+// issued ahead of its use stays in flight until position_row reads it: any arithmetic on the value
+// (a sign extension, the range test) where it is loaded would wait for it there.
+struct alignas(8) RawPosition {  // 8-byte aligned: the target of an 8-byte cp.async (PositionPrefetch)
+  uint32_t lo = 0, hi = 0;
+};
+
+template <typename T>
+__device__ __forceinline__ RawPosition load_position(const BackwardArgs<T>& a, int64_t t) {
+  RawPosition p;
+  if (a.positions_are_int64) {
+    const uint2 v = static_cast<const uint2*>(a.positions)[t];
+    p.lo = v.x;
+    p.hi = v.y;
+  } else {
+    p.lo = static_cast<const uint32_t*>(a.positions)[t];
+  }
+  return p;
+}
+
+// The row of the cache a position names, or -1 when it is out of range.
+template <typename T>
+__device__ __forceinline__ int64_t position_row(const BackwardArgs<T>& a, const RawPosition& raw) {
+  int64_t p = a.positions_are_int64 ? static_cast<int64_t>((uint64_t{raw.hi} << 32) | raw.lo)
+                                    : int64_t{static_cast<int32_t>(raw.lo)};
+  if (p < 0) p += a.cache_len;
+  return (p >= 0 && p < a.cache_len) ? p : -1;
+}
+
 // The row of the cache token t was written to, or -1 when its position is out of range.
 template <typename T>
 __device__ __forceinline__ int64_t cache_row(const BackwardArgs<T>& a, int64_t t) {
-  int64_t p = a.positions_are_int64 ? static_cast<const int64_t*>(a.positions)[t]
-                                    : static_cast<const int32_t*>(a.positions)[t];
-  if (p < 0) p += a.cache_len;
-  return (p >= 0 && p < a.cache_len) ? p : -1;
+  return position_row(a, load_position(a, t));
 }
 
 // A chunk pair as loaded, still in T (widened to fp32 where it is used).
@@ -321,53 +347,96 @@ __device__ void copy_window(const BackwardArgs<T>& a, const uint32_t* mask, int6
   }
 }
 
-// A token warp's next work item: a part of a token (its index, (b, t), the cache row: -1 for a bad
-// position or none left).
+// A token warp's work item: a part of a token (its index, (b, t)).
 struct TokenCursor {
-  int64_t item, b, t, r;
+  int64_t item, b, t;
   int part;
 };
 
-// Item `item` of the token work: part item % parts of token item / parts. Called for a warp's first
-// item before the block builds its bitmask, so the first position's load overlaps that of the bitmask.
+// Item `item` of the token work: part item % parts of token item / parts.
 template <typename T>
-__device__ __forceinline__ TokenCursor first_token(const BackwardArgs<T>& a, int64_t item) {
-  TokenCursor c{item, 0, 0, -1, static_cast<int>(item & ((int64_t{1} << a.token_parts_log2) - 1))};
+__device__ __forceinline__ TokenCursor token_item(const BackwardArgs<T>& a, int64_t item) {
+  TokenCursor c{item, 0, 0, static_cast<int>(item & ((int64_t{1} << a.token_parts_log2) - 1))};
   const int64_t tok = item >> a.token_parts_log2;
   if (tok < a.batch * a.seq_len) {
     uint64_t t = 0;
     c.b = static_cast<int64_t>(a.div_seq.divmod(static_cast<uint64_t>(tok), t));
     c.t = static_cast<int64_t>(t);
-    c.r = cache_row(a, c.t);
   }
   return c;
 }
 
-// Warp w of `warps` handles items w, w + warps, ...; with `zero_rows` (in-place, or a.token_zeros)
-// each zeroes its part of the row after reading it, or, in-place when rows repeat, the first token of
-// a row handles all of them.
-// The next item's position is loaded before the current item's rows, so its latency is hidden.
+// The position of a token warp's next item, fetched while the current item runs. On sm_80 and
+// later lane 0 copies it into the warp's shared-memory slot with cp.async, whose arrival only take()
+// waits for. (A register load would do in principle, but ptxas tracks it on the scoreboard of the
+// item's row and table loads, and the first wait on those waited for the next position too: v8.)
+struct PositionPrefetch {
+  RawPosition* slot;  // this warp's, in shared memory
+  RawPosition held;   // without cp.async: the value as loaded
+
+  template <typename T>
+  __device__ __forceinline__ void issue(const BackwardArgs<T>& a, int64_t t, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    __syncwarp();  // every lane has read the slot's previous position
+    if (lane == 0) {
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
+      if (a.positions_are_int64) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(static_cast<const int64_t*>(a.positions) + t)
+                     : "memory");
+      } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(static_cast<const int32_t*>(a.positions) + t)
+                     : "memory");
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+#else
+    (void)lane;
+    held = load_position(a, t);
+#endif
+  }
+
+  __device__ __forceinline__ RawPosition take() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncwarp();  // lane 0's copy is visible to the warp
+    return *slot;
+#else
+    return held;
+#endif
+  }
+};
+
+// Warp w of `warps` handles items w, w + warps, ... (`first`: item w, its position loaded in
+// `position`); with `zero_rows` (in-place, or a.token_zeros) each zeroes its part of the row after
+// reading it, or, in-place when rows repeat, the first token of a row handles all of them.
+// The next item's position is fetched before the current item's rows and read only when that item
+// starts (v8: before, the compiler's range test right after the load made every item wait for the
+// next one's position first).
 // `after_first` runs once: after the warp's first item, or at once when it has none.
 template <typename T, int kHeadDim, int kVec, typename F>
-__device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout, TokenCursor next,
-                           int64_t warps, bool zero_rows, bool repeats, F&& after_first) {
+__device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout, TokenCursor cur,
+                           RawPosition position, PositionPrefetch prefetch, int64_t warps, bool zero_rows,
+                           bool repeats, F&& after_first) {
   const int lane = threadIdx.x & 31;
   const int64_t items = (a.batch * a.seq_len) << a.token_parts_log2;
-  if (next.item >= items) after_first();
-  while (next.item < items) {
-    const TokenCursor cur = next;
-    next = first_token(a, cur.item + warps);
-    KVROPE_TRACE_DEP(cur.item < warps, kTracePosition, cur.r);
-    if (cur.r < 0 && cur.part == 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
-    if (zero_rows && repeats && cur.r >= 0) {
-      process_row_group(a, layout, cur.part, cur.b, cur.t, cur.r, lane);
+  if (cur.item >= items) after_first();
+  while (cur.item < items) {
+    const int64_t r = position_row(a, position);
+    const TokenCursor next = token_item(a, cur.item + warps);
+    if (next.item < items) prefetch.issue(a, next.t, lane);
+    KVROPE_TRACE_DEP(cur.item < warps, kTracePosition, r);
+    if (zero_rows && repeats && r >= 0) {
+      process_row_group(a, layout, cur.part, cur.b, cur.t, r, lane);
     } else {
-      process_token(a, layout, cur.part, cur.b, cur.t, cur.r, zero_rows, lane, cur.item < warps);
+      process_token(a, layout, cur.part, cur.b, cur.t, r, zero_rows, lane, cur.item < warps);
     }
+    if (r < 0 && cur.part == 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
     if (cur.item < warps) {
       KVROPE_TRACE_AT(kTraceStart, 0);
       after_first();
     }
+    cur = next;
+    if (cur.item < items) position = prefetch.take();
   }
 }
 
@@ -427,7 +496,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   __shared__ int repeats;
   KVROPE_TRACE_AT(kTraceEntry, 0);
   const int warp_in_block = threadIdx.x / 32;
-  const int lane = threadIdx.x & 31;
+  [[maybe_unused]] const int lane = threadIdx.x & 31;  // (used by the bulk copy only)
   const bool token_warp = a.in_place || warp_in_block < a.token_warps;
 
   // Work that needs no bitmask starts first, on the shortest instruction path: the copy warp's first
@@ -453,8 +522,13 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   const int warps_per_block = blockDim.x / 32;
   const int64_t token_warps_per_block = a.in_place ? warps_per_block : a.token_warps;
   const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;  // warp w of block k: k x per_block + w
+  __shared__ RawPosition prefetched_positions[kMaxBlockThreads / 32];
   TokenCursor cursor{};
-  if (token_warp) cursor = first_token(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
+  RawPosition first_position{};
+  if (token_warp) {
+    cursor = token_item(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
+    if (cursor.item < (a.batch * a.seq_len) << a.token_parts_log2) first_position = load_position(a, cursor.t);
+  }
   // While the first position is on its way (it is used only once the bitmask is built):
   const TokenLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
 
@@ -513,10 +587,12 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     auto after_first = [&] {
       if (late) arrive_with_mask();
     };
+    const PositionPrefetch prefetch{&prefetched_positions[warp_in_block], {}};
     if (a.in_place || a.token_zeros) {
-      token_work(a, layout, cursor, token_warps, true, a.in_place && repeats != 0, after_first);
+      token_work(a, layout, cursor, first_position, prefetch, token_warps, true, a.in_place && repeats != 0,
+                 after_first);
     } else {
-      token_work(a, layout, cursor, token_warps, false, false, after_first);
+      token_work(a, layout, cursor, first_position, prefetch, token_warps, false, false, after_first);
     }
     KVROPE_TRACE_AT(kTraceDone, 0);
     return;
