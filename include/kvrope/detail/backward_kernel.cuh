@@ -406,8 +406,8 @@ struct PositionPrefetch {
   }
 };
 
-// Warp w of `warps` handles items w, w + warps, ... (`first`: item w, its position loaded in
-// `position`); with `zero_rows` (in-place, or a.token_zeros) each zeroes its part of the row after
+// Warp w of `warps` handles items w, w + warps, ... (`cur` is item w, whose position was loaded
+// into `position`); with `zero_rows` (in-place, or a.token_zeros) each zeroes its part of the row after
 // reading it, or, in-place when rows repeat, the first token of a row handles all of them.
 // The next item's position is fetched before the current item's rows and read only when that item
 // starts (v8: before, the compiler's range test right after the load made every item wait for the
