@@ -136,6 +136,7 @@ void print_usage() {
       "  --bulk_chunk=BYTES          LaunchTuning::bulk_chunk_bytes (most bytes of a chunk of the bulk copy)\n"
       "  --spec_large=0|1            LaunchTuning::bulk_speculate_large (speculated chunks for large caches too)\n"
       "  --share_min=N               LaunchTuning::bulk_share_min_chunks_per_block (share chunks above N a block)\n"
+      "  --ip_prefetch=0|1|2         LaunchTuning::in_place_token_prefetch (in-place: items' cos/sin/key rows into L2 ahead)\n"
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed share)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
@@ -193,6 +194,7 @@ const TuningFlag* tuning_flag(const std::string& key) {
       {"--bulk_chunk", &T::bulk_chunk_bytes, nullptr, 4096},
       {"--spec_large", nullptr, &T::bulk_speculate_large, 0},
       {"--share_min", &T::bulk_share_min_chunks_per_block, nullptr, 0},
+      {"--ip_prefetch", &T::in_place_token_prefetch, nullptr, 0},
   };
   for (const TuningFlag& f : flags)
     if (key == f.name) return &f;

@@ -164,15 +164,16 @@ Status cached_query(const Key& key, Value* out, Query&& query) {
   return {};
 }
 
-// Whether `kernel`'s device code has the bulk copy: compiled for sm_90 or later. A build that carries
-// only PTX for an older GPU runs on Hopper through the JIT with the register copy in its code, so the
-// device's compute capability alone does not tell. Cached per kernel and device.
+// Whether `kernel`'s device code was compiled for sm_90 or later (the bulk copy, the bulk prefetch).
+// A build that carries only PTX for an older GPU runs on Hopper through the JIT with the register
+// copy in its code, so the device's compute capability alone does not tell. Cached per kernel and
+// device.
 template <typename Kernel>
-Status kernel_has_bulk_copy(Kernel kernel, int device, bool* out) {
-  return cached_query(std::make_tuple(reinterpret_cast<const void*>(kernel), device), out, [&](bool* bulk) {
+Status kernel_has_sm90_code(Kernel kernel, int device, bool* out) {
+  return cached_query(std::make_tuple(reinterpret_cast<const void*>(kernel), device), out, [&](bool* sm90) {
     cudaFuncAttributes attr{};
     if (Status s = cuda_status(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes"); !s) return s;
-    *bulk = attr.ptxVersion >= 90;
+    *sm90 = attr.ptxVersion >= 90;
     return Status{};
   });
 }
@@ -242,10 +243,10 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t ring_offset = bulk_ring_offset(mask_bytes(a.window_rows));
   const int fitting = static_cast<int>(std::max<int64_t>(0, (shared_optin - ring_offset) / bulk_ring_bytes(1)));
   const int stages = std::min(std::clamp(tune.bulk_stages, 2, kMaxBulkStages), fitting);
-  bool compiled_bulk = false;
-  if (tune.bulk_copy && major >= 9)
-    if (Status s = kernel_has_bulk_copy(kernel, device, &compiled_bulk); !s) return s;
-  plan.bulk_copy = tune.bulk_copy && vec && !a.in_place && copy_elems > 0 && compiled_bulk &&
+  bool sm90_code = false;  // the bulk copy and the bulk prefetch
+  if (major >= 9)
+    if (Status s = kernel_has_sm90_code(kernel, device, &sm90_code); !s) return s;
+  plan.bulk_copy = tune.bulk_copy && vec && !a.in_place && copy_elems > 0 && sm90_code &&
                    row_bytes <= kBulkStageBytes && plan.block >= 64 && stages >= 2;
   const int slack = std::clamp(tune.bulk_store_slack, 1, std::max(1, std::min(stages - 1, kMaxBulkSlack)));
   plan.shared_bytes = static_cast<int>(plan.bulk_copy ? ring_offset + bulk_ring_bytes(stages) : mask_bytes(a.window_rows));
@@ -321,6 +322,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.token_zeros = tune.token_zeros && speculate > 0 && small_cache;
   plan.token_zeros = args.token_zeros;
   args.mask_late = plan.bulk_copy && tune.mask_after_first_item;
+  args.token_prefetch = a.in_place && sm90_code && vec ? std::clamp(tune.in_place_token_prefetch, 0, 2) : 0;
   args.bulk_stages = stages;
   args.bulk_slack = slack;
   args.bulk_chunk_rows = plan.bulk_chunk_rows;

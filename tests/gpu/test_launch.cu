@@ -165,3 +165,28 @@ TEST_CASE("blocks sharing a large cache's copy through the workspace stay right,
           }
   }
 }
+
+TEST_CASE("in-place: every token prefetch mode stays right, with and without the bitmask", "[gpu][tuning]") {
+  // One position a batch (no bitmask: no row can repeat), rows that repeat (the row groups), several
+  // items a warp, BSHD rows, no table gradients (no key rows prefetched), more heads than a warp has
+  // lanes, positions out of range (their items prefetch too, and write zeros).
+  const Config configs[] = {
+      {{4, 8, 1, 512, 128}, Layout::kBHSD, Positions::kArange, Variant::kInPlace, false, 91},
+      {{2, 8, 45, 512, 128}, Layout::kBHSD, Positions::kDuplicates, Variant::kInPlace, false, 92},
+      {{8, 8, 900, 2048, 128}, Layout::kBSHD, Positions::kPermutation, Variant::kInPlace, false, 93},
+      {{3, 4, 33, 700, 64}, Layout::kBHSD, Positions::kNegative, Variant::kInPlaceNoTables, true, 94},
+      {{2, 40, 20, 64, 64}, Layout::kBHSD, Positions::kOutOfRange, Variant::kInPlace, false, 95},
+  };
+  for (const Config& cfg : configs) {
+    Problem<__nv_bfloat16, int64_t> p(cfg);
+    for (const int mode : {0, 1, 2}) {
+      // New random caches each time: the previous call zeroed their rows in cache_position.
+      fill_random(p.gk, cfg.seed * 10 + mode);
+      fill_random(p.gv, cfg.seed * 10 + mode + 5);
+      LaunchTuning tuning = default_tuning(9, 0);
+      tuning.in_place_token_prefetch = mode;
+      INFO("in_place_token_prefetch " << mode);
+      p.run_and_check(&tuning);
+    }
+  }
+}

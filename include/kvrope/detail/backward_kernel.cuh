@@ -406,6 +406,24 @@ struct PositionPrefetch {
   }
 };
 
+// Prefetches into L2 the rows of item c that do not depend on its position: cos, sin and, when the
+// table gradients are asked for, the key rows (one bulk prefetch a row, lanes in parallel). The
+// item's own loads of them then need no DRAM round trip after its position's (a.token_prefetch).
+template <typename T>
+__device__ __forceinline__ void prefetch_token_inputs(const BackwardArgs<T>& a, const TokenCursor& c, int lane) {
+#if KVROPE_HAS_BULK_COPY
+  const bool tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
+  const int rows = 2 + (tables ? static_cast<int>(a.heads) : 0);  // cos, sin, then a key row a head
+  const uint32_t bytes = static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)});
+  for (int i = lane; i < rows; i += 32) {
+    const T* row = i == 0 ? a.cos.row(c.b, c.t) : i == 1 ? a.sin.row(c.b, c.t) : a.key.row(c.b, i - 2, c.t);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(bytes) : "memory");
+  }
+#else
+  (void)a, (void)c, (void)lane;
+#endif
+}
+
 // Warp w of `warps` handles items w, w + warps, ... (`cur` is item w, whose position was loaded
 // into `position`); with `zero_rows` (in-place, or a.token_zeros) each zeroes its part of the row after
 // reading it, or, in-place when rows repeat, the first token of a row handles all of them.
@@ -423,7 +441,10 @@ __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim,
   while (cur.item < items) {
     const int64_t r = position_row(a, position);
     const TokenCursor next = token_item(a, cur.item + warps);
-    if (next.item < items) prefetch.issue(a, next.t, lane);
+    if (next.item < items) {
+      prefetch.issue(a, next.t, lane);
+      if (a.token_prefetch > 0) prefetch_token_inputs(a, next, lane);
+    }
     KVROPE_TRACE_DEP(cur.item < warps, kTracePosition, r);
     if (zero_rows && repeats && r >= 0) {
       process_row_group(a, layout, cur.part, cur.b, cur.t, r, lane);
@@ -489,14 +510,14 @@ __device__ __forceinline__ void copy_warps_mask(const BackwardArgs<T>& a, uint32
 //! later) the copy is one warp driving the bulk-copy engine through a ring of shared-memory stages,
 //! which starts its first loads at once and leaves the bitmask to the token warps; otherwise the
 //! copy warps move the rows through registers. In-place, every block first learns whether a row
-//! repeats (the bitmask again), then all its warps do token work.
+//! repeats (the bitmask again; not with one position a batch), then all its warps do token work.
 template <typename T, int kHeadDim, int kVec>
 __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const BackwardArgs<T> a) {
   extern __shared__ __align__(kBulkAlign) uint32_t mask[];
   __shared__ int repeats;
   KVROPE_TRACE_AT(kTraceEntry, 0);
   const int warp_in_block = threadIdx.x / 32;
-  [[maybe_unused]] const int lane = threadIdx.x & 31;  // (used by the bulk copy only)
+  [[maybe_unused]] const int lane = threadIdx.x & 31;  // (used by sm_90 code only)
   const bool token_warp = a.in_place || warp_in_block < a.token_warps;
 
   // Work that needs no bitmask starts first, on the shortest instruction path: the copy warp's first
@@ -527,7 +548,11 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   RawPosition first_position{};
   if (token_warp) {
     cursor = token_item(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
-    if (cursor.item < (a.batch * a.seq_len) << a.token_parts_log2) first_position = load_position(a, cursor.t);
+    if (cursor.item < (a.batch * a.seq_len) << a.token_parts_log2) {
+      first_position = load_position(a, cursor.t);
+      // While the block builds its bitmask (token_prefetch is in-place only: there is one when S > 1).
+      if (a.token_prefetch > 1 && a.seq_len > 1) prefetch_token_inputs(a, cursor, lane);
+    }
   }
   // While the first position is on its way (it is used only once the bitmask is built):
   const TokenLayout<kHeadDim, kTokenVec<T, kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
@@ -546,7 +571,9 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
 #endif
   const int builders = bulk_build ? a.token_warps * 32 : static_cast<int>(blockDim.x);
   const bool late = bulk_build && a.mask_late;
-  if (!bulk_warp) {
+  // In-place, the bitmask only tells whether a row repeats, which one position a batch cannot.
+  const bool masked = !(a.in_place && a.seq_len <= 1);
+  if (!bulk_warp && masked) {
     if (threadIdx.x == 0) repeats = 0;
     for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += builders) mask[i] = 0;
     if (bulk_build) {
@@ -561,7 +588,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     asm volatile("bar.arrive 2, %0;" ::"r"(blockDim.x) : "memory");
   };
   if (a.in_place) {
-    __syncthreads();
+    if (masked) __syncthreads();
   } else if (!token_warp) {
     asm volatile("bar.sync 2, %0;" ::"r"(blockDim.x) : "memory");
   } else if (!late) {
@@ -571,7 +598,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   KVROPE_TRACE_AT(kTraceRole, token_warp ? 1 : 2);
   const int64_t windows = a.windows;
 
-  if (a.in_place) {
+  if (a.in_place && masked) {
     // Only whether a row repeats matters here; later windows are scanned until one does.
     for (int64_t win = 1; win < windows && !repeats; ++win) {
       const RowWindow rows = row_window(a, win);
@@ -589,7 +616,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     };
     const PositionPrefetch prefetch{&prefetched_positions[warp_in_block], {}};
     if (a.in_place || a.token_zeros) {
-      token_work(a, layout, cursor, first_position, prefetch, token_warps, true, a.in_place && repeats != 0,
+      token_work(a, layout, cursor, first_position, prefetch, token_warps, true, a.in_place && masked && repeats != 0,
                  after_first);
     } else {
       token_work(a, layout, cursor, first_position, prefetch, token_warps, false, false, after_first);
