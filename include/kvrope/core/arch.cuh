@@ -56,12 +56,12 @@ struct LaunchTuning {
   int bulk_share_min_chunks_per_block = 8;
   //! In-place, where the kernel has sm_90 code and 16-byte aligned rows: token warps prefetch into L2
   //! the rows of an item that do not depend on its position (cos, sin, and the key rows when the
-  //! table gradients are asked for) before the item needs them, so that it waits for one memory round
-  //! trip, not two. 0: never; 1: each next item's, when its position is fetched; 2: also the first
-  //! item's, at the kernel's start, while the block builds its bitmask (more than one position a
-  //! batch). 2 on the H200: 1.9 % off the in-place 16-case geomean, 4-9 % off the cases with a few
-  //! items a warp (docs/perf-notes.md, v9). Out of place it was slower: the prefetches compete with
-  //! the cache copy.
+  //! table gradients are asked for) before the item needs them: once it has its position, only its
+  //! gK and gV rows still come from DRAM. 0: never; 1: each next item's, when its position is
+  //! fetched; 2: also the first item's, at the kernel's start, while the block builds its bitmask
+  //! (more than one position a batch). 2 on the H200: 1.9 % off the in-place 16-case geomean, 4-9 %
+  //! off the cases with a few items a warp (docs/perf-notes.md, v9). Out of place it was slower:
+  //! the prefetches compete with the cache copy.
   int in_place_token_prefetch = 2;
 };
 
