@@ -1327,7 +1327,8 @@ std::string tuning_json(const kvrope::LaunchTuning& t) {
          on(t.token_zeros) + ", \"mask_after_first_item\": " + on(t.mask_after_first_item) +
          ", \"bulk_share_chunks\": " + on(t.bulk_share_chunks) + ", \"bulk_chunk_bytes\": " +
          std::to_string(t.bulk_chunk_bytes) + ", \"bulk_speculate_large\": " + on(t.bulk_speculate_large) +
-         ", \"bulk_share_min_chunks_per_block\": " + std::to_string(t.bulk_share_min_chunks_per_block) + "}";
+         ", \"bulk_share_min_chunks_per_block\": " + std::to_string(t.bulk_share_min_chunks_per_block) +
+         ", \"in_place_token_prefetch\": " + std::to_string(t.in_place_token_prefetch) + "}";
 }
 
 std::string json_array(const std::vector<double>& v) {

@@ -40,6 +40,7 @@ struct BackwardPlan {
   int bulk_chunk_rows = 0;    //!< with bulk_copy: cache rows per chunk of the copy (fewer than a 32 KiB stage holds for small caches)
   int bulk_speculated_chunks = 0;  //!< with bulk_copy: chunks each block loads before its bitmask exists (when the positions fit one round of the bitmask's loads)
   bool token_zeros = false;   //!< the token warps write the zeros of rows cache_position of the cache-input gradients
+  int token_prefetch = 0;     //!< in-place: LaunchTuning::in_place_token_prefetch as applied (0 where it does not apply: out of place, the scalar path, device code below sm_90)
   int64_t bulk_shared_chunks = 0;  //!< chunks the blocks take from the workspace's counter at run time (bulk copy, a workspace, bulk_share_chunks, more than bulk_share_min_chunks_per_block chunks a block and more than the rings hold, one bitmask window; else 0)
 };
 
@@ -323,6 +324,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   plan.token_zeros = args.token_zeros;
   args.mask_late = plan.bulk_copy && tune.mask_after_first_item;
   args.token_prefetch = a.in_place && sm90_code && vec ? std::clamp(tune.in_place_token_prefetch, 0, 2) : 0;
+  plan.token_prefetch = args.token_prefetch;
   args.bulk_stages = stages;
   args.bulk_slack = slack;
   args.bulk_chunk_rows = plan.bulk_chunk_rows;

@@ -167,15 +167,19 @@ TEST_CASE("blocks sharing a large cache's copy through the workspace stay right,
 }
 
 TEST_CASE("in-place: every token prefetch mode stays right, with and without the bitmask", "[gpu][tuning]") {
-  // One position a batch (no bitmask: no row can repeat), rows that repeat (the row groups), several
-  // items a warp, BSHD rows, no table gradients (no key rows prefetched), more heads than a warp has
-  // lanes, positions out of range (their items prefetch too, and write zeros).
+  // More items than the largest grid has warps (1 584 on an H200), so that warps have several and the
+  // next item's rows are prefetched, in each of:
+  // one position a batch (no bitmask), rows that repeat (the row groups), BSHD rows, no table
+  // gradients (no key rows prefetched) with broadcast tables, more heads than a warp has lanes, and
+  // positions out of range (their items prefetch too, and write zeros). A small one as well: one
+  // item a warp or none.
   const Config configs[] = {
-      {{4, 8, 1, 512, 128}, Layout::kBHSD, Positions::kArange, Variant::kInPlace, false, 91},
-      {{2, 8, 45, 512, 128}, Layout::kBHSD, Positions::kDuplicates, Variant::kInPlace, false, 92},
+      {{4096, 4, 1, 4, 64}, Layout::kBHSD, Positions::kArange, Variant::kInPlace, false, 91},
+      {{4, 8, 1500, 2048, 128}, Layout::kBHSD, Positions::kDuplicates, Variant::kInPlace, false, 92},
       {{8, 8, 900, 2048, 128}, Layout::kBSHD, Positions::kPermutation, Variant::kInPlace, false, 93},
-      {{3, 4, 33, 700, 64}, Layout::kBHSD, Positions::kNegative, Variant::kInPlaceNoTables, true, 94},
-      {{2, 40, 20, 64, 64}, Layout::kBHSD, Positions::kOutOfRange, Variant::kInPlace, false, 95},
+      {{8, 4, 1000, 1200, 64}, Layout::kBHSD, Positions::kNegative, Variant::kInPlaceNoTables, true, 94},
+      {{8, 40, 300, 400, 64}, Layout::kBHSD, Positions::kOutOfRange, Variant::kInPlace, false, 95},
+      {{2, 8, 45, 512, 128}, Layout::kBHSD, Positions::kSparse, Variant::kInPlace, false, 96},
   };
   for (const Config& cfg : configs) {
     Problem<__nv_bfloat16, int64_t> p(cfg);
@@ -185,8 +189,31 @@ TEST_CASE("in-place: every token prefetch mode stays right, with and without the
       fill_random(p.gv, cfg.seed * 10 + mode + 5);
       LaunchTuning tuning = default_tuning(9, 0);
       tuning.in_place_token_prefetch = mode;
-      INFO("in_place_token_prefetch " << mode);
+      BackwardPlan plan;
+      REQUIRE(plan_backward(p.device_inplace_params(), tuning, &plan).ok());
+      INFO("in_place_token_prefetch " << mode << " grid " << plan.grid << " parts " << plan.token_parts);
+      CHECK(plan.token_prefetch == mode);  // aligned rows, sm_90 code (the GPU tests run on sm_90+)
+      const Shape& sh = cfg.shape;
+      if (cfg.seed != 96) CHECK(sh.batch * sh.seq_len * plan.token_parts > int64_t{plan.grid} * plan.block / 32);
       p.run_and_check(&tuning);
     }
   }
+}
+
+TEST_CASE("the in-place token prefetch applies only where it can", "[gpu][tuning]") {
+  // Out of place: never. In-place: not on the scalar path (rows not 16-byte aligned).
+  Problem<__nv_bfloat16, int64_t> oop(Config{{2, 8, 45, 512, 128}, Layout::kBHSD, Positions::kArange,
+                                             Variant::kOutOfPlace, false, 97});
+  Config misaligned{{2, 8, 45, 512, 128}, Layout::kBHSD, Positions::kArange, Variant::kInPlace, false, 98};
+  misaligned.offset = 1;
+  Problem<__nv_bfloat16, int64_t> scalar(misaligned);
+  LaunchTuning tuning = default_tuning(9, 0);
+  REQUIRE(tuning.in_place_token_prefetch == 2);
+  BackwardPlan plan;
+  REQUIRE(plan_backward(oop.device_params(), tuning, &plan).ok());
+  CHECK(plan.token_prefetch == 0);
+  REQUIRE(plan_backward(scalar.device_inplace_params(), tuning, &plan).ok());
+  CHECK(plan.path == BackwardPath::kGenericScalar);
+  CHECK(plan.token_prefetch == 0);
+  scalar.run_and_check(&tuning);
 }

@@ -54,14 +54,15 @@ struct LaunchTuning {
   //! With the bulk copy and a workspace (bulk_share_chunks): the blocks share a cache's chunks only
   //! when it has more than this many per block (and more than the rings hold).
   int bulk_share_min_chunks_per_block = 8;
-  //! In-place, where the kernel has sm_90 code and 16-byte aligned rows: token warps prefetch into L2
+  //! In-place, on the vectorized path (every pointer and stride 16-byte aligned) where the kernel
+  //! has sm_90 code (BackwardPlan::token_prefetch says what applied): token warps prefetch into L2
   //! the rows of an item that do not depend on its position (cos, sin, and the key rows when the
   //! table gradients are asked for) before the item needs them: once it has its position, only its
   //! gK and gV rows still come from DRAM. 0: never; 1: each next item's, when its position is
   //! fetched; 2: also the first item's, at the kernel's start, while the block builds its bitmask
-  //! (more than one position a batch). 2 on the H200: 1.9 % off the in-place 16-case geomean, 4-9 %
-  //! off the cases with a few items a warp (docs/perf-notes.md, v9). Out of place it was slower:
-  //! the prefetches compete with the cache copy.
+  //! (more than one position a batch); clamped to 0-2. 2 on the H200: 2 % off the in-place 16-case
+  //! geomean, 4-9 % off the cases with a few items a warp (docs/perf-notes.md, v9). Out of place it
+  //! was slower: the prefetches compete with the cache copy.
   int in_place_token_prefetch = 2;
 };
 

@@ -517,7 +517,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   __shared__ int repeats;
   KVROPE_TRACE_AT(kTraceEntry, 0);
   const int warp_in_block = threadIdx.x / 32;
-  [[maybe_unused]] const int lane = threadIdx.x & 31;  // (used by sm_90 code only)
+  const int lane = threadIdx.x & 31;
   const bool token_warp = a.in_place || warp_in_block < a.token_warps;
 
   // Work that needs no bitmask starts first, on the shortest instruction path: the copy warp's first
@@ -550,7 +550,8 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     cursor = token_item(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
     if (cursor.item < (a.batch * a.seq_len) << a.token_parts_log2) {
       first_position = load_position(a, cursor.t);
-      // While the block builds its bitmask (token_prefetch is in-place only: there is one when S > 1).
+      // Hidden behind the bitmask's build (token_prefetch is in-place only, where a bitmask is built
+      // only when S > 1).
       if (a.token_prefetch > 1 && a.seq_len > 1) prefetch_token_inputs(a, cursor, lane);
     }
   }
