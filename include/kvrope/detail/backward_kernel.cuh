@@ -38,7 +38,11 @@ inline constexpr int64_t kMaxSharedBytes = bulk_ring_offset(mask_bytes(kMaxWindo
 //! bulk_speculate_large), and its token warps write the zero rows (token_zeros).
 inline constexpr int64_t kSpeculateChunksPerBlock = 8;
 //! Positions each thread building a bitmask loads at once, before their atomics (one round trip).
-inline constexpr int kMaskLoads = 4;
+//! Override with -DKVROPE_MASK_LOADS=N (experiments).
+#ifndef KVROPE_MASK_LOADS
+#define KVROPE_MASK_LOADS 4
+#endif
+inline constexpr int kMaskLoads = KVROPE_MASK_LOADS;
 //! Bulk copy of a small cache: chunks are halved down to this size at the least
 //! (LaunchTuning::bulk_min_chunks_per_block).
 inline constexpr int64_t kMinBulkChunkBytes = 4096;
@@ -468,17 +472,22 @@ __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0,
                            int threads, int* repeats) {
   constexpr int kLoads = kMaskLoads;
   for (int64_t t0 = thread; t0 < a.seq_len; t0 += kLoads * int64_t{threads}) {
-    int64_t r[kLoads];
+    // Every load is issued before any arithmetic on one: a range test right after each load waited
+    // for it before the next was issued, kLoads round trips where one will do (docs/perf-notes.md,
+    // v10). Slots past the last position load position t0 again (a line already asked for) and
+    // are dropped, so that the loads need no branch between them.
+    RawPosition raw[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int64_t t = t0 + u * int64_t{threads};
-      r[u] = t < a.seq_len ? cache_row(a, t) : -1;
+      raw[u] = load_position(a, t < a.seq_len ? t : t0);
     }
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      if (r[u] >= w0 && r[u] < w0 + wlen) {
-        const uint32_t bit = 1u << ((r[u] - w0) & 31);
-        if (atomicOr(&mask[(r[u] - w0) >> 5], bit) & bit) atomicOr(repeats, 1);
+      const int64_t r = t0 + u * int64_t{threads} < a.seq_len ? position_row(a, raw[u]) : -1;
+      if (r >= w0 && r < w0 + wlen) {
+        const uint32_t bit = 1u << ((r - w0) & 31);
+        if (atomicOr(&mask[(r - w0) >> 5], bit) & bit) atomicOr(repeats, 1);
       }
     }
   }
