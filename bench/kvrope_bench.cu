@@ -137,6 +137,7 @@ void print_usage() {
       "  --spec_large=0|1            LaunchTuning::bulk_speculate_large (speculated chunks for large caches too)\n"
       "  --share_min=N               LaunchTuning::bulk_share_min_chunks_per_block (share chunks above N a block)\n"
       "  --ip_prefetch=0|1|2         LaunchTuning::in_place_token_prefetch (in-place: items' cos/sin/key rows into L2 ahead)\n"
+      "  --ip_spread=0|1             LaunchTuning::in_place_spread_items (in-place: a block per item, items dealt to blocks in turn)\n"
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed share)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
@@ -195,6 +196,7 @@ const TuningFlag* tuning_flag(const std::string& key) {
       {"--spec_large", nullptr, &T::bulk_speculate_large, 0},
       {"--share_min", &T::bulk_share_min_chunks_per_block, nullptr, 0},
       {"--ip_prefetch", &T::in_place_token_prefetch, nullptr, 0},
+      {"--ip_spread", nullptr, &T::in_place_spread_items, 0},
   };
   for (const TuningFlag& f : flags)
     if (key == f.name) return &f;
@@ -1328,7 +1330,8 @@ std::string tuning_json(const kvrope::LaunchTuning& t) {
          ", \"bulk_share_chunks\": " + on(t.bulk_share_chunks) + ", \"bulk_chunk_bytes\": " +
          std::to_string(t.bulk_chunk_bytes) + ", \"bulk_speculate_large\": " + on(t.bulk_speculate_large) +
          ", \"bulk_share_min_chunks_per_block\": " + std::to_string(t.bulk_share_min_chunks_per_block) +
-         ", \"in_place_token_prefetch\": " + std::to_string(t.in_place_token_prefetch) + "}";
+         ", \"in_place_token_prefetch\": " + std::to_string(t.in_place_token_prefetch) +
+         ", \"in_place_spread_items\": " + std::string(t.in_place_spread_items ? "true" : "false") + "}";
 }
 
 std::string json_array(const std::vector<double>& v) {

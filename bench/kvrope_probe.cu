@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   // KVROPE_MIN_CHUNKS (bulk_min_chunks_per_block), KVROPE_STAGES (bulk_stages), KVROPE_MASK_LATE
   // (mask_after_first_item, 0/1), KVROPE_SHARE (bulk_share_chunks, 0/1), KVROPE_CHUNK
   // (bulk_chunk_bytes), KVROPE_SPEC_LARGE (bulk_speculate_large, 0/1), KVROPE_SHARE_MIN
-  // (bulk_share_min_chunks_per_block), KVROPE_IP_PREFETCH (in_place_token_prefetch),
+  // (bulk_share_min_chunks_per_block), KVROPE_IP_PREFETCH (in_place_token_prefetch), KVROPE_IP_SPREAD (in_place_spread_items, 0/1),
   // KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch).
   int device = 0, major = 0, minor = 0;
   KVROPE_TOOL_CUDA(cudaGetDevice(&device));
@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
   tuning.bulk_speculate_large = env_int("KVROPE_SPEC_LARGE", tuning.bulk_speculate_large) != 0;
   tuning.bulk_share_min_chunks_per_block = env_int("KVROPE_SHARE_MIN", tuning.bulk_share_min_chunks_per_block);
   tuning.in_place_token_prefetch = env_int("KVROPE_IP_PREFETCH", tuning.in_place_token_prefetch);
+  tuning.in_place_spread_items = env_int("KVROPE_IP_SPREAD", tuning.in_place_spread_items) != 0;
   const bool flush_l2 = env_int("KVROPE_FLUSH", 1) != 0;  // 0: caches warm (the previous launch's data)
   if (env_int("KVROPE_WORKSPACE", 1) != 0) {  // zeroed once: the kernel leaves it zero
     KVROPE_TOOL_CUDA(cudaMalloc(&op.workspace, kvrope::kBackwardWorkspaceBytes));

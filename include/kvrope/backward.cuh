@@ -41,6 +41,7 @@ struct BackwardPlan {
   int bulk_speculated_chunks = 0;  //!< with bulk_copy: chunks each block loads before its bitmask exists (when the positions fit one round of the bitmask's loads)
   bool token_zeros = false;   //!< the token warps write the zeros of rows cache_position of the cache-input gradients
   int token_prefetch = 0;     //!< in-place: LaunchTuning::in_place_token_prefetch as applied (0 where it does not apply: out of place, the scalar path, device code below sm_90)
+  bool token_items_spread = false;  //!< in-place: LaunchTuning::in_place_spread_items as applied (a block per item up to one wave, items dealt to the blocks in turn)
   int64_t bulk_shared_chunks = 0;  //!< chunks the blocks take from the workspace's counter at run time (bulk copy, a workspace, bulk_share_chunks, more than bulk_share_min_chunks_per_block chunks a block and more than the rings hold, one bitmask window; else 0)
 };
 
@@ -289,7 +290,9 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     if ((small_cache || tune.bulk_speculate_large) && a.seq_len <= int64_t{kMaskLoads} * 32 * plan.token_warps)
       speculate = std::clamp(tune.bulk_speculate_chunks, 0, stages);
   } else if (a.in_place) {
-    plan.grid = static_cast<int>(std::clamp<int64_t>(token_blocks_max, 1, grid_max));
+    // The fewest blocks whose warps hold the items, or a block per item (in_place_spread_items).
+    const int64_t blocks = tune.in_place_spread_items ? tokens * lone_parts : token_blocks_max;
+    plan.grid = static_cast<int>(std::clamp<int64_t>(blocks, 1, grid_max));
   } else if (tokens == 0) {
     plan.token_warps = 0;
     const int64_t copy_blocks = (copy_elems / plan.vec_width + int64_t{plan.block} * kCopyUnroll - 1) /
@@ -325,6 +328,8 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.mask_late = plan.bulk_copy && tune.mask_after_first_item;
   args.token_prefetch = a.in_place && sm90_code && vec ? std::clamp(tune.in_place_token_prefetch, 0, 2) : 0;
   plan.token_prefetch = args.token_prefetch;
+  args.spread_items = a.in_place && tune.in_place_spread_items;
+  plan.token_items_spread = args.spread_items;
   args.bulk_stages = stages;
   args.bulk_slack = slack;
   args.bulk_chunk_rows = plan.bulk_chunk_rows;

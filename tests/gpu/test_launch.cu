@@ -166,13 +166,15 @@ TEST_CASE("blocks sharing a large cache's copy through the workspace stay right,
   }
 }
 
-TEST_CASE("in-place: every token prefetch mode stays right, with and without the bitmask", "[gpu][tuning]") {
+TEST_CASE("in-place: every token prefetch mode, items packed or spread, stays right, with and without the bitmask",
+          "[gpu][tuning]") {
   // More items than the largest grid has warps (1 584 on an H200), so that warps have several and the
   // next item's rows are prefetched, in each of:
   // one position a batch (no bitmask), rows that repeat (the row groups), BSHD rows, no table
   // gradients (no key rows prefetched) with broadcast tables, more heads than a warp has lanes, and
   // positions out of range (their items prefetch too, and write zeros). A small one as well: one
-  // item a warp or none.
+  // item a warp or none. Each with the items packed into the fewest blocks or spread over a block
+  // each (in_place_spread_items), which changes the warp of every item.
   const Config configs[] = {
       {{4096, 4, 1, 4, 64}, Layout::kBHSD, Positions::kArange, Variant::kInPlace, false, 91},
       {{4, 8, 1500, 2048, 128}, Layout::kBHSD, Positions::kDuplicates, Variant::kInPlace, false, 92},
@@ -183,25 +185,35 @@ TEST_CASE("in-place: every token prefetch mode stays right, with and without the
   };
   for (const Config& cfg : configs) {
     Problem<__nv_bfloat16, int64_t> p(cfg);
-    for (const int mode : {0, 1, 2}) {
-      // New random caches each time: the previous call zeroed their rows in cache_position.
-      fill_random(p.gk, cfg.seed * 10 + mode);
-      fill_random(p.gv, cfg.seed * 10 + mode + 5);
-      LaunchTuning tuning = default_tuning(9, 0);
-      tuning.in_place_token_prefetch = mode;
-      BackwardPlan plan;
-      REQUIRE(plan_backward(p.device_inplace_params(), tuning, &plan).ok());
-      INFO("in_place_token_prefetch " << mode << " grid " << plan.grid << " parts " << plan.token_parts);
-      CHECK(plan.token_prefetch == mode);  // aligned rows, sm_90 code (the GPU tests run on sm_90+)
-      const Shape& sh = cfg.shape;
-      if (cfg.seed != 96) CHECK(sh.batch * sh.seq_len * plan.token_parts > int64_t{plan.grid} * plan.block / 32);
-      p.run_and_check(&tuning);
-    }
+    int packed_grid = 0;
+    for (const bool spread : {false, true})
+      for (const int mode : {0, 1, 2}) {
+        // New random caches each time: the previous call zeroed their rows in cache_position.
+        fill_random(p.gk, cfg.seed * 10 + mode + (spread ? 50 : 0));
+        fill_random(p.gv, cfg.seed * 10 + mode + (spread ? 55 : 5));
+        LaunchTuning tuning = default_tuning(9, 0);
+        tuning.in_place_token_prefetch = mode;
+        tuning.in_place_spread_items = spread;
+        BackwardPlan plan;
+        REQUIRE(plan_backward(p.device_inplace_params(), tuning, &plan).ok());
+        INFO("in_place_token_prefetch " << mode << " spread " << spread << " grid " << plan.grid << " parts "
+                                        << plan.token_parts);
+        CHECK(plan.token_prefetch == mode);  // aligned rows, sm_90 code (the GPU tests run on sm_90+)
+        CHECK(plan.token_items_spread == spread);
+        const Shape& sh = cfg.shape;
+        const int64_t items = sh.batch * sh.seq_len * plan.token_parts;
+        if (cfg.seed != 96) CHECK(items > int64_t{plan.grid} * plan.block / 32);
+        if (!spread) packed_grid = plan.grid;
+        // The small shape (one item a warp or none): a block per item when spread, up to one wave.
+        if (cfg.seed == 96 && spread) CHECK(plan.grid > packed_grid);
+        p.run_and_check(&tuning);
+      }
   }
 }
 
 TEST_CASE("the in-place token prefetch applies only where it can", "[gpu][tuning]") {
-  // Out of place: never. In-place: not on the scalar path (rows not 16-byte aligned).
+  // Out of place: never (nor the spread of items). In-place: not on the scalar path (rows not 16-byte
+  // aligned), where the items are spread all the same.
   Problem<__nv_bfloat16, int64_t> oop(Config{{2, 8, 45, 512, 128}, Layout::kBHSD, Positions::kArange,
                                              Variant::kOutOfPlace, false, 97});
   Config misaligned{{2, 8, 45, 512, 128}, Layout::kBHSD, Positions::kArange, Variant::kInPlace, false, 98};
@@ -209,11 +221,14 @@ TEST_CASE("the in-place token prefetch applies only where it can", "[gpu][tuning
   Problem<__nv_bfloat16, int64_t> scalar(misaligned);
   LaunchTuning tuning = default_tuning(9, 0);
   REQUIRE(tuning.in_place_token_prefetch == 2);
+  REQUIRE(tuning.in_place_spread_items);
   BackwardPlan plan;
   REQUIRE(plan_backward(oop.device_params(), tuning, &plan).ok());
   CHECK(plan.token_prefetch == 0);
+  CHECK_FALSE(plan.token_items_spread);  // out of place: never spread
   REQUIRE(plan_backward(scalar.device_inplace_params(), tuning, &plan).ok());
   CHECK(plan.path == BackwardPath::kGenericScalar);
   CHECK(plan.token_prefetch == 0);
+  CHECK(plan.token_items_spread);
   scalar.run_and_check(&tuning);
 }

@@ -64,6 +64,13 @@ struct LaunchTuning {
   //! geomean, 4-9 % off the cases with a few items a warp (docs/perf-notes.md, v9). Out of place it
   //! was slower: the prefetches compete with the cache copy.
   int in_place_token_prefetch = 2;
+  //! In-place: the grid has a block per token item, up to one wave, instead of the fewest blocks
+  //! whose warps hold the items, and the first items are dealt to the blocks in turn (item w to
+  //! block w mod grid) instead of filling one block's warps before the next: a launch with fewer
+  //! items than the device has warps spreads them over the SMs. True on the H200: 5 % off the
+  //! in-place 16-case geomean, 18-25 % off the cases with one position a batch (docs/perf-notes.md,
+  //! v10). Out of place, where every block also copies, it made no difference and does not apply.
+  bool in_place_spread_items = true;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the

@@ -556,7 +556,10 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   TokenCursor cursor{};
   RawPosition first_position{};
   if (token_warp) {
-    cursor = token_item(a, int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
+    // Warp w of block k has item k x per_block + w first, or, with a.spread_items, w x grid + k
+    // (either way the first round covers items [0, token_warps) once).
+    cursor = token_item(a, a.spread_items ? int64_t{warp_in_block} * gridDim.x + blockIdx.x
+                                          : int64_t{blockIdx.x} * token_warps_per_block + warp_in_block);
     if (cursor.item < (a.batch * a.seq_len) << a.token_parts_log2) {
       first_position = load_position(a, cursor.t);
       // Hidden behind the bitmask's build (token_prefetch is in-place only, where a bitmask is built
