@@ -1331,7 +1331,7 @@ std::string tuning_json(const kvrope::LaunchTuning& t) {
          std::to_string(t.bulk_chunk_bytes) + ", \"bulk_speculate_large\": " + on(t.bulk_speculate_large) +
          ", \"bulk_share_min_chunks_per_block\": " + std::to_string(t.bulk_share_min_chunks_per_block) +
          ", \"in_place_token_prefetch\": " + std::to_string(t.in_place_token_prefetch) +
-         ", \"in_place_spread_items\": " + std::string(t.in_place_spread_items ? "true" : "false") + "}";
+         ", \"in_place_spread_items\": " + on(t.in_place_spread_items) + "}";
 }
 
 std::string json_array(const std::vector<double>& v) {

@@ -83,8 +83,8 @@ int main(int argc, char** argv) {
   // KVROPE_MIN_CHUNKS (bulk_min_chunks_per_block), KVROPE_STAGES (bulk_stages), KVROPE_MASK_LATE
   // (mask_after_first_item, 0/1), KVROPE_SHARE (bulk_share_chunks, 0/1), KVROPE_CHUNK
   // (bulk_chunk_bytes), KVROPE_SPEC_LARGE (bulk_speculate_large, 0/1), KVROPE_SHARE_MIN
-  // (bulk_share_min_chunks_per_block), KVROPE_IP_PREFETCH (in_place_token_prefetch), KVROPE_IP_SPREAD (in_place_spread_items, 0/1),
-  // KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch).
+  // (bulk_share_min_chunks_per_block), KVROPE_IP_PREFETCH (in_place_token_prefetch), KVROPE_IP_SPREAD
+  // (in_place_spread_items, 0/1), KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch).
   int device = 0, major = 0, minor = 0;
   KVROPE_TOOL_CUDA(cudaGetDevice(&device));
   KVROPE_TOOL_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -119,12 +119,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("B %lld S %lld S_max %lld H %lld D %lld %s: grid %d block %d shared %d token_warps %d parts %d bulk %d"
-              " chunk_rows %d speculated %d token_zeros %d shared_chunks %lld%s\n",
+              " chunk_rows %d speculated %d token_zeros %d shared_chunks %lld spread %d%s\n",
               static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(L),
               static_cast<long long>(H), static_cast<long long>(D), in_place ? "inplace" : "fused", plan.grid,
               plan.block, plan.shared_bytes, plan.token_warps, plan.token_parts, static_cast<int>(plan.bulk_copy),
               plan.bulk_chunk_rows, plan.bulk_speculated_chunks, static_cast<int>(plan.token_zeros),
-              static_cast<long long>(plan.bulk_shared_chunks), flush_l2 ? "" : " (L2 warm)");
+              static_cast<long long>(plan.bulk_shared_chunks), static_cast<int>(plan.token_items_spread),
+              flush_l2 ? "" : " (L2 warm)");
   cudaEvent_t start, stop;
   KVROPE_TOOL_CUDA(cudaEventCreate(&start));
   KVROPE_TOOL_CUDA(cudaEventCreate(&stop));

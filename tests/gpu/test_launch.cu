@@ -211,7 +211,7 @@ TEST_CASE("in-place: every token prefetch mode, items packed or spread, stays ri
   }
 }
 
-TEST_CASE("the in-place token prefetch applies only where it can", "[gpu][tuning]") {
+TEST_CASE("the in-place token prefetch and item spread apply only where they can", "[gpu][tuning]") {
   // Out of place: never (nor the spread of items). In-place: not on the scalar path (rows not 16-byte
   // aligned), where the items are spread all the same.
   Problem<__nv_bfloat16, int64_t> oop(Config{{2, 8, 45, 512, 128}, Layout::kBHSD, Positions::kArange,

@@ -67,8 +67,9 @@ struct LaunchTuning {
   //! In-place: the grid has a block per token item, up to one wave, instead of the fewest blocks
   //! whose warps hold the items, and the first items are dealt to the blocks in turn (item w to
   //! block w mod grid) instead of filling one block's warps before the next: a launch with fewer
-  //! items than the device has warps spreads them over the SMs. True on the H200: 5 % off the
-  //! in-place 16-case geomean, 18-25 % off the cases with one position a batch (docs/perf-notes.md,
+  //! items than the device has warps spreads them over the SMs. On by default on every device;
+  //! measured on the H200 only: 5 % off the in-place 16-case geomean, 18-25 % off leaderboard cases
+  //! 10 and 12 (one position a batch, 32 and 4 tokens; 3 % off case 8, one token) (docs/perf-notes.md,
   //! v10). Out of place, where every block also copies, it made no difference and does not apply.
   bool in_place_spread_items = true;
 };

@@ -43,6 +43,7 @@ inline constexpr int64_t kSpeculateChunksPerBlock = 8;
 #define KVROPE_MASK_LOADS 4
 #endif
 inline constexpr int kMaskLoads = KVROPE_MASK_LOADS;
+static_assert(kMaskLoads >= 1, "KVROPE_MASK_LOADS must be at least 1");
 //! Bulk copy of a small cache: chunks are halved down to this size at the least
 //! (LaunchTuning::bulk_min_chunks_per_block).
 inline constexpr int64_t kMinBulkChunkBytes = 4096;
@@ -428,8 +429,8 @@ __device__ __forceinline__ void prefetch_token_inputs(const BackwardArgs<T>& a, 
 #endif
 }
 
-// Warp w of `warps` handles items w, w + warps, ... (`cur` is item w, whose position was loaded
-// into `position`); with `zero_rows` (in-place, or a.token_zeros) each zeroes its part of the row after
+// A warp whose first item is w (of `warps` token warps) handles items w, w + warps, ... (`cur` is
+// item w, whose position was loaded into `position`); with `zero_rows` (in-place, or a.token_zeros) each zeroes its part of the row after
 // reading it, or, in-place when rows repeat, the first token of a row handles all of them.
 // The next item's position is fetched before the current item's rows and read only when that item
 // starts (v8: before, the compiler's range test right after the load made every item wait for the
@@ -551,7 +552,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
 #endif
   const int warps_per_block = blockDim.x / 32;
   const int64_t token_warps_per_block = a.in_place ? warps_per_block : a.token_warps;
-  const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;  // warp w of block k: k x per_block + w
+  const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;  // every block's token warps
   __shared__ RawPosition prefetched_positions[kMaxBlockThreads / 32];
   TokenCursor cursor{};
   RawPosition first_position{};
