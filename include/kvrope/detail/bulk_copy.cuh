@@ -161,14 +161,6 @@ __device__ __forceinline__ bool row_marked(const uint32_t* mask, int64_t local) 
   return (mask[local >> 5] >> (local & 31)) & 1u;
 }
 
-// Rows of chunk c marked in the mask, counted over the warp (each lane tests rows lane, lane + 32, ...).
-__device__ __forceinline__ uint32_t marked_rows(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
-                                                int lane) {
-  uint32_t marked = 0;
-  for (int64_t r = lane; r < c.n; r += 32) marked += row_marked(mask, c.r0 - w.w0 + r);
-  return __reduce_add_sync(0xffffffffu, marked);
-}
-
 // The first row in [from, limit) marked in the mask (window-local rows), or limit, a word at a time;
 // with `unmarked`, the first row not marked.
 __device__ __forceinline__ int64_t next_marked(const uint32_t* mask, int64_t from, int64_t limit,
@@ -215,6 +207,15 @@ struct BulkRing {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KVROPE_HAS_BULK_COPY 1
+
+// Rows of chunk c marked in the mask, counted over the warp (each lane tests rows lane, lane + 32, ...).
+// (Here, with the bulk copy that alone uses it: __reduce_add_sync is sm_80 and later.)
+__device__ __forceinline__ uint32_t marked_rows(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
+                                                int lane) {
+  uint32_t marked = 0;
+  for (int64_t r = lane; r < c.n; r += 32) marked += row_marked(mask, c.r0 - w.w0 + r);
+  return __reduce_add_sync(0xffffffffu, marked);
+}
 
 // A bulk load into this block's shared memory: the .shared::cta destination where the PTX ISA has it
 // (8.6, CUDA 12.8), else the .shared::cluster form with this block's own address.
