@@ -211,7 +211,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     if (plan_out) *plan_out = plan;
     return {};
   }
-  const bool tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
+  const bool tables = a.wants_tables();
   const bool vec = a.head_dim % (2 * kWide) == 0 && aligned16(a.gk) && aligned16(a.gv) && aligned16(a.gk_out) &&
                    aligned16(a.gv_out) && (!tables || aligned16(a.key)) && aligned16(a.cos) && aligned16(a.sin) &&
                    aligned16(a.grad_key) && aligned16(a.grad_value) && aligned16(a.grad_cos) &&

@@ -53,6 +53,9 @@ struct BackwardArgs {
   bool share_chunks;    // with bulk and a workspace: chunks past grid x bulk_per_block are taken by ticket
   FastDivmod div_seq;   // token index -> (b, t)
   FastDivmod div_heads;
+
+  //! Whether the table gradients are asked for (then key_states is read).
+  __host__ __device__ __forceinline__ bool wants_tables() const { return grad_cos.data != nullptr || grad_sin.data != nullptr; }
 };
 
 }  // namespace kvrope::detail

@@ -210,7 +210,7 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
   using V = Vec<T, kVec>;
   constexpr int kBatch = kTokenBatch<T>;
   const bool valid = r >= 0;
-  const bool want_tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
+  const bool want_tables = a.wants_tables();
   const int g = part * 32 + lane;
   const int slot = g & (w.slots - 1);
   const int first_c0 = (part * 32) >> w.slots_log2;
@@ -417,6 +417,7 @@ struct PositionPrefetch {
 template <typename T>
 __device__ __forceinline__ void prefetch_token_inputs(const BackwardArgs<T>& a, const TokenCursor& c, int lane) {
 #if KVROPE_HAS_BULK_COPY
+  // (The test of BackwardArgs::wants_tables spelled out: the call moved this site's code.)
   const bool tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
   const int rows = 2 + (tables ? static_cast<int>(a.heads) : 0);  // cos, sin, then a key row a head
   const uint32_t bytes = static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)});
