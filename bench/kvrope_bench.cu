@@ -138,6 +138,9 @@ void print_usage() {
       "  --share_min=N               LaunchTuning::bulk_share_min_chunks_per_block (share chunks above N a block)\n"
       "  --ip_prefetch=0|1|2         LaunchTuning::in_place_token_prefetch (in-place: items' cos/sin/key rows into L2 ahead)\n"
       "  --ip_spread=0|1             LaunchTuning::in_place_spread_items (in-place: a block per item, items dealt to blocks in turn)\n"
+      "  --decode=0|1                LaunchTuning::decode_kernel (S = 1: the decode kernel)\n"
+      "  --decode_mib=N              LaunchTuning::decode_copy_max_mib (out of place: caches up to N MiB take it)\n"
+      "  --decode_block=N            LaunchTuning::decode_block_threads (out of place: its block size)\n"
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed share)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
@@ -197,6 +200,9 @@ const TuningFlag* tuning_flag(const std::string& key) {
       {"--share_min", &T::bulk_share_min_chunks_per_block, nullptr, 0},
       {"--ip_prefetch", &T::in_place_token_prefetch, nullptr, 0},
       {"--ip_spread", nullptr, &T::in_place_spread_items, 0},
+      {"--decode", nullptr, &T::decode_kernel, 0},
+      {"--decode_mib", &T::decode_copy_max_mib, nullptr, 0},
+      {"--decode_block", &T::decode_block_threads, nullptr, 64},
   };
   for (const TuningFlag& f : flags)
     if (key == f.name) return &f;

@@ -14,6 +14,7 @@
 #include "core/dtype.cuh"
 #include "core/status.cuh"
 #include "detail/backward_kernel.cuh"
+#include "detail/decode_kernel.cuh"
 #include "detail/validate.cuh"
 
 namespace kvrope {
@@ -41,6 +42,7 @@ struct BackwardPlan {
   int bulk_speculated_chunks = 0;  //!< with bulk_copy: chunks each block loads before its bitmask exists (when the positions fit one round of the bitmask's loads)
   bool token_zeros = false;   //!< the token warps write the zeros of rows cache_position of the cache-input gradients
   int token_prefetch = 0;     //!< in-place: LaunchTuning::in_place_token_prefetch as applied (0 where it does not apply: out of place, the scalar path, device code below sm_90)
+  bool decode = false;        //!< the kernel for one token a batch (S == 1, LaunchTuning::decode_kernel): no bitmask, a warp per token, out of place a register copy
   bool token_items_spread = false;  //!< in-place: LaunchTuning::in_place_spread_items as applied (a block per item up to one wave, items dealt to the blocks in turn)
   int64_t bulk_shared_chunks = 0;  //!< chunks the blocks take from the workspace's counter at run time (bulk copy, a workspace, bulk_share_chunks, more than bulk_share_min_chunks_per_block chunks a block and more than the rings hold, one bitmask window; else 0)
 };
@@ -198,6 +200,62 @@ Status resident_blocks(Kernel kernel, int device, int block, int shared_bytes, i
   });
 }
 
+// The decode kernel's instance for a head dim (decode_head_dim_ok): compiled for the power-of-two
+// head dims of kCompiledHeadDims, else the generic one (D read at run time); *instance says which.
+template <typename T>
+auto decode_instance(int64_t head_dim, int* instance) {
+  using Kernel = void (*)(BackwardArgs<T>);
+  return dispatch_head_dim(head_dim, [&](auto d) -> Kernel {
+    constexpr int kD = decltype(d)::value;
+    if constexpr (kD > 0 && decode_head_dim_ok<T>(kD)) {
+      *instance = kD;
+      return decode_kernel<T, kD>;
+    } else {
+      *instance = 0;
+      return decode_kernel<T, 0>;
+    }
+  });
+}
+
+// The decode kernel (S == 1; BackwardPlan::decode) for `a`, on a vectorized call: fills `plan`
+// (path and vector width already set by the caller) and launches unless `plan_only`. In place: a
+// block of one warp a token. Out of place: warp 0 of the first min(B, grid) blocks does the tokens,
+// and the grid has as many blocks of `block_threads` as the copy can use (kCopyUnroll 16-byte
+// vectors a thread), up to one wave.
+template <typename T>
+Status launch_decode(const BackwardArgs<T>& a, const LaunchTuning& tune, int sms, BackwardPlan& plan,
+                     cudaStream_t stream, BackwardPlan* plan_out, bool plan_only) {
+  constexpr int kWide = 16 / sizeof(T);
+  const auto kernel = decode_instance<T>(a.head_dim, &plan.head_dim_instance);
+  plan.path = plan.head_dim_instance ? BackwardPath::kCompiledHeadDim : BackwardPath::kGenericVectorized;
+  plan.decode = true;
+  plan.block = a.in_place ? 32 : std::clamp(tune.decode_block_threads / 32 * 32, 64, kDecodeMaxBlockThreads);
+  plan.shared_bytes = 0;
+  plan.token_warps = a.in_place ? 0 : 1;
+  int device = 0, resident = 0;
+  if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
+  if (Status s = cached_query(std::make_tuple(reinterpret_cast<const void*>(kernel), device, plan.block), &resident,
+                              [&](int* blocks) {
+                                return cuda_status(
+                                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, plan.block, 0),
+                                    "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+                              });
+      !s)
+    return s;
+  const int64_t grid_max = int64_t{sms} * std::max(1, resident);
+  const int64_t vectors = a.in_place ? 0 : 2 * a.batch * a.heads * a.cache_len * a.head_dim / kWide;
+  const int64_t per_block = int64_t{plan.block} * 2 * kDecodeCopyPairs;  // vectors a block's round has
+  const int64_t copy_blocks = (vectors + per_block - 1) / per_block;
+  plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(copy_blocks, a.batch), 1, grid_max));
+  BackwardArgs<T> args = a;
+  args.decode_token_blocks = std::min<int64_t>(a.batch, plan.grid);
+  args.decode_slab_vecs = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(1, a.cache_len * a.head_dim / kWide)));
+  if (plan_out) *plan_out = plan;
+  if (plan_only) return {};
+  kernel<<<plan.grid, plan.block, 0, stream>>>(args);
+  return cuda_status(cudaGetLastError(), "kernel launch");
+}
+
 // Picks the instance and the grid; launches it unless `plan_only`.
 template <typename T>
 Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cudaStream_t stream,
@@ -237,6 +295,13 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   if (Status s = cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute"); !s) return s;
   if (Status s = cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute"); !s) return s;
   const LaunchTuning tune = tuning ? *tuning : default_tuning(major, minor);
+  if (tune.decode_kernel && a.seq_len == 1 && vec && decode_head_dim_ok<T>(a.head_dim)) {
+    // Out of place only for caches the register copy suits, and with at most 2^32 vectors a (b, head).
+    const int64_t cache_bytes = copy_elems * int64_t{sizeof(T)};
+    if (a.in_place || (a.cache_len > 0 && a.cache_len * a.head_dim / kWide <= int64_t{UINT32_MAX} &&
+                       cache_bytes <= (int64_t{tune.decode_copy_max_mib} << 20)))
+      return launch_decode(a, tune, sms, plan, stream, plan_out, plan_only);
+  }
   // At least two warps: out of place, a block splits its warps between token and copy work.
   plan.block = std::clamp(tune.block_threads / 32 * 32, 64, kMaxBlockThreads);
   // The bulk copy's ring: as many stages as asked for that fit the device's shared memory per block

@@ -194,6 +194,7 @@ TEST_CASE("in-place: every token prefetch mode, items packed or spread, stays ri
         LaunchTuning tuning = default_tuning(9, 0);
         tuning.in_place_token_prefetch = mode;
         tuning.in_place_spread_items = spread;
+        tuning.decode_kernel = false;  // the S = 1 shape takes the fused kernel here (its own test: below)
         BackwardPlan plan;
         REQUIRE(plan_backward(p.device_inplace_params(), tuning, &plan).ok());
         INFO("in_place_token_prefetch " << mode << " spread " << spread << " grid " << plan.grid << " parts "
@@ -231,4 +232,61 @@ TEST_CASE("the in-place token prefetch and item spread apply only where they can
   CHECK(plan.token_prefetch == 0);
   CHECK(plan.token_items_spread);
   scalar.run_and_check(&tuning);
+}
+
+TEMPLATE_TEST_CASE("one position a batch (S = 1): the decode kernel, and the fused one with it off, stay right",
+                   "[gpu][decode]", __nv_bfloat16, __half, float) {
+  // Both variants, with and without table gradients; head dims with a compiled decode instance
+  // (64, 128, 256) and generic ones (16, 32); BSHD and padded rows; a position that wraps, one out
+  // of range; more heads than a warp covers in one batch; more tokens than the out-of-place grid
+  // has blocks (B = 300); int32 positions. A cache over decode_copy_max_mib, and a misaligned
+  // one, take the fused kernel even with the decode kernel on.
+  const Config configs[] = {
+      {{5, 8, 1, 300, 128}, Layout::kBHSD, Positions::kArange, Variant::kOutOfPlace, false, 101},
+      {{3, 12, 1, 77, 64}, Layout::kBSHD, Positions::kNegative, Variant::kInPlace, true, 102},
+      {{4, 3, 1, 50, 256}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlaceNoTables, false, 103},
+      {{2, 40, 1, 33, 32}, Layout::kBHSD, Positions::kPermutation, Variant::kInPlaceNoTables, false, 104},
+      {{300, 2, 1, 9, 16}, Layout::kBSHD, Positions::kArange, Variant::kOutOfPlace, true, 105},
+      {{2, 8, 1, 40, 128}, Layout::kBHSD, Positions::kOutOfRange, Variant::kInPlace, false, 106},
+      {{1, 1, 1, 1, 64}, Layout::kBHSD, Positions::kArange, Variant::kOutOfPlace, false, 107},
+  };
+  for (Config cfg : configs) {
+    for (const bool padded : {false, true}) {
+      cfg.pad_row = padded ? 8 : 0;  // 16 bytes or more: rows stay 16-byte aligned
+      cfg.pad_head = padded ? 16 : 0;
+      for (const bool on : {true, false}) {
+        Problem<TestType, int64_t> p(cfg);
+        Problem<TestType, int32_t> p32(cfg);
+        LaunchTuning tuning = default_tuning(9, 0);
+        tuning.decode_kernel = on;
+        BackwardPlan plan;
+        const bool in_place = cfg.variant == Variant::kInPlace || cfg.variant == Variant::kInPlaceNoTables;
+        REQUIRE((in_place ? plan_backward(p.device_inplace_params(), tuning, &plan)
+                          : plan_backward(p.device_params(), tuning, &plan))
+                    .ok());
+        INFO(cfg.describe() << " decode kernel " << on << " grid " << plan.grid << " block " << plan.block);
+        CHECK(plan.decode == on);
+        p.run_and_check(&tuning);
+        p32.run_and_check(&tuning);
+      }
+    }
+  }
+  // Where it does not apply: a cache over the limit (out of place), a misaligned row, S = 2.
+  Config large{{2, 8, 1, 4096, 128}, Layout::kBHSD, Positions::kArange, Variant::kOutOfPlace, false, 108};
+  Config misaligned{{2, 8, 1, 64, 128}, Layout::kBHSD, Positions::kArange, Variant::kInPlace, false, 109};
+  misaligned.offset = 1;
+  Config two{{2, 8, 2, 64, 128}, Layout::kBHSD, Positions::kArange, Variant::kInPlace, false, 110};
+  LaunchTuning tuning = default_tuning(9, 0);
+  tuning.decode_copy_max_mib = 1;  // the large cache: 2 x 2 x 8 x 4096 x 128 elements, 16 MiB in bf16
+  for (const Config& cfg : {large, misaligned, two}) {
+    Problem<TestType, int64_t> p(cfg);
+    BackwardPlan plan;
+    const bool in_place = cfg.variant == Variant::kInPlace;
+    REQUIRE((in_place ? plan_backward(p.device_inplace_params(), tuning, &plan)
+                      : plan_backward(p.device_params(), tuning, &plan))
+                .ok());
+    INFO(cfg.describe());
+    CHECK_FALSE(plan.decode);
+    p.run_and_check(&tuning);
+  }
 }

@@ -1,4 +1,4 @@
-// Compile-only (kvrope_arch_check, built for sm_75): the fused kernel's device code for a GPU
+// Compile-only (kvrope_arch_check, built for sm_75): the kernels' device code for a GPU
 // without the bulk copy or cp.async. The tests and benchmarks build for sm_90 and sm_100a only, so
 // an sm_80+ intrinsic outside its guard would otherwise go unnoticed (it did once: a930253).
 #include <kvrope/kvrope.cuh>
@@ -7,3 +7,6 @@
 template __global__ void kvrope::detail::backward_kernel<__nv_bfloat16, 128, 8>(
     const kvrope::detail::BackwardArgs<__nv_bfloat16>);
 template __global__ void kvrope::detail::backward_kernel<float, 0, 1>(const kvrope::detail::BackwardArgs<float>);
+// The decode kernel (S == 1): a compiled head dim and the generic one.
+template __global__ void kvrope::detail::decode_kernel<__nv_bfloat16, 128>(const kvrope::detail::BackwardArgs<__nv_bfloat16>);
+template __global__ void kvrope::detail::decode_kernel<float, 0>(const kvrope::detail::BackwardArgs<float>);

@@ -72,6 +72,18 @@ struct LaunchTuning {
   //! 10 and 12 (one position a batch, 32 and 4 tokens; 3 % off case 8, one token) (docs/perf-notes.md,
   //! v10). Out of place, where every block also copies, it made no difference and does not apply.
   bool in_place_spread_items = true;
+  //! Calls with one new token a batch (S == 1, a decoding step) on the vectorized path, with a head
+  //! dim whose half is a power of two of 16-byte chunks (D = 64, 128, 256 in bf16 or fp16; D = 32 to
+  //! 256 in fp32 likewise): a kernel of their own, with no bitmask and a short path from its entry
+  //! to its loads (BackwardPlan::decode). In place always; out of place when both caches together
+  //! hold at most decode_copy_max_mib MiB (its copy goes through registers; larger caches keep the
+  //! bulk copy). (docs/perf-notes.md, v11.)
+  bool decode_kernel = true;
+  int decode_copy_max_mib = 64;
+  //! Out of place, the decode kernel's threads per block (64 to 256; warp 0 of the first B blocks
+  //! does the tokens, every other thread copies). In place its blocks are one warp, one a token.
+  //! 128 on the H200: 3 blocks a SM; 256 (one a SM) made leaderboard case 8 6 % slower, case 12 equal.
+  int decode_block_threads = 128;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the

@@ -23,6 +23,10 @@ struct FastDivmod {
     const uint64_t hi = (n * magic) >> 32;
     return (hi + n) >> shift;
   }
+  //! n / d for n < 2^32, which the caller guarantees: the multiply-high path alone, no branch.
+  __host__ __device__ uint32_t div32(uint32_t n) const {
+    return static_cast<uint32_t>(((uint64_t{n} * magic >> 32) + n) >> shift);
+  }
   //! Returns n / d and stores n % d in `rem`.
   __host__ __device__ uint64_t divmod(uint64_t n, uint64_t& rem) const {
     const uint64_t q = div(n);

@@ -1,0 +1,199 @@
+// The backward with one new token a batch (S == 1, the shape of a decoding step): a kernel of its
+// own, short from its entry to its loads (docs/perf-notes.md, v11).
+//
+// With S == 1 every batch writes the same cache row p = cache_position[0], so no row repeats and no
+// bitmask is needed: a warp per token loads p, its rows at p and writes its outputs; out of place, all
+// other threads copy the caches 16 bytes at a time and write zeros where the row is p, deciding that
+// only when the data is loaded (the copy never waits for p before its loads).
+#pragma once
+
+#include <cstdint>
+
+#include "backward_kernel.cuh"
+
+namespace kvrope::detail {
+
+//! The decode kernel's block size bound (its __launch_bounds__).
+inline constexpr int kDecodeMaxBlockThreads = 256;
+//! Out of place: the (gK, gV) vector pairs each copy thread of the decode kernel has in flight.
+//! Override with -DKVROPE_DECODE_PAIRS=N (experiments).
+#ifndef KVROPE_DECODE_PAIRS
+#define KVROPE_DECODE_PAIRS 4
+#endif
+inline constexpr int kDecodeCopyPairs = KVROPE_DECODE_PAIRS;
+
+// Whether a head dim suits the decode kernel: a power of two from two 16-byte vectors of T to 256,
+// so that a row is whole 16-byte vectors for the copy and its half a power of two of the token
+// work's chunks (kTokenVec elements), at most 32 of them (a warp covers a row, or a power of two).
+template <typename T>
+__host__ __device__ inline constexpr bool decode_head_dim_ok(int64_t head_dim) {
+  return head_dim >= 2 * int64_t{16 / sizeof(T)} && head_dim <= 256 && (head_dim & (head_dim - 1)) == 0;
+}
+
+// log2 of a power of two (kHeadDim = 0: the head dim read at run time).
+template <int kHeadDim>
+__device__ __forceinline__ int decode_log2(int64_t head_dim) {
+  if constexpr (kHeadDim > 0) {
+    int l = 0;
+    while ((1 << l) < kHeadDim) ++l;
+    return l;
+  } else {
+    return 63 - __clzll(head_dim);
+  }
+}
+
+// Token b (its only token, t = 0) by one warp: lane = chunk x slots + slot covers chunk pair `chunk`
+// (kVec = kTokenVec elements of each half of a row, as in the fused kernel's token work) of heads
+// slot, slot + slots, ... (slots = 32 / the lanes a row takes), so the head sum of the table
+// gradients is a reduction over the low lane bits, as in the fused kernel (head_sum_and_store).
+// The loads that do not depend on the position go first.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b, PositionPrefetch& position,
+                                             int lane) {
+  constexpr int kVec = kTokenVec<T, 16 / sizeof(T)>;
+  constexpr int kBatch = kTokenBatch<T>;  // head passes whose loads are issued together
+  using V = Vec<T, kVec>;
+  const int64_t half = (kHeadDim > 0 ? kHeadDim : a.head_dim) / 2;
+  // A row's half is 2^(log2 D - 1) elements, 2^(log2 D - 1 - log2 kVec) chunks (at most 32).
+  const int slots_log2 = 5 - (decode_log2<kHeadDim>(a.head_dim) - 1 - decode_log2<kVec>(kVec));
+  const int slots = 1 << slots_log2;
+  const int slot = lane & (slots - 1);
+  const int64_t i0 = int64_t{lane >> slots_log2} * kVec;
+  const bool want_tables = a.wants_tables();
+  const RawChunk<T, kVec> cs_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, 0), half, i0);
+  const RawChunk<T, kVec> sn_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, 0), half, i0);
+  // The first batch's key rows are loaded before the first wait on the position; a later batch's
+  // (more heads than a warp covers in kBatch passes) at its start.
+  RawChunk<T, kVec> kr[kBatch];
+  auto load_keys = [&](int64_t j0) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t j = j0 + u * slots;
+      kr[u] = RawChunk<T, kVec>{V::zeros(), V::zeros()};
+      if (want_tables && j < a.heads) kr[u] = load_raw<cub::LOAD_CS, kVec>(a.key.row(b, j, 0), half, i0);
+    }
+  };
+  load_keys(slot);
+  const int64_t r = position_row(a, position.take());  // the first wait on the position
+  const bool valid = r >= 0;
+  RopeChunk<kVec> gcos = RopeChunk<kVec>::zeros(), gsin = RopeChunk<kVec>::zeros();
+#pragma unroll 1
+  for (int64_t j0 = slot; j0 < a.heads; j0 += kBatch * slots) {
+    if (j0 != slot) load_keys(j0);
+    RawChunk<T, kVec> gr[kBatch], vr[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t j = j0 + u * slots;
+      gr[u] = vr[u] = RawChunk<T, kVec>{V::zeros(), V::zeros()};
+      if (valid && j < a.heads) {
+        gr[u] = load_raw<cub::LOAD_CS, kVec>(a.gk.row(b, j, r), half, i0);
+        vr[u] = load_raw<cub::LOAD_CS, kVec>(a.gv.row(b, j, r), half, i0);
+      }
+    }
+    const RopeChunk<kVec> cs = cs_raw.widen(), sn = sn_raw.widen();
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t j = j0 + u * slots;
+      if (j >= a.heads) break;
+      const RopeChunk<kVec> gf = gr[u].widen();
+      if (want_tables) accumulate_rope_table_grads(gf, kr[u].widen(), gcos, gsin);
+      store_raw<cub::STORE_CS>(a.grad_value.row(b, j, 0), half, i0, vr[u]);
+      store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, 0), half, i0, rope_backward(gf, cs, sn));
+      if (a.in_place && valid) {  // read above by this lane: the zeros follow its reads
+        const RawChunk<T, kVec> zero{V::zeros(), V::zeros()};
+        store_raw<cub::STORE_CS>(a.gk_out.row(b, j, r), half, i0, zero);
+        store_raw<cub::STORE_CS>(a.gv_out.row(b, j, r), half, i0, zero);
+      }
+    }
+  }
+  if (want_tables) {
+    float x[4 * kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      x[i] = gcos.lo[i];
+      x[kVec + i] = gcos.hi[i];
+      x[2 * kVec + i] = gsin.lo[i];
+      x[3 * kVec + i] = gsin.hi[i];
+    }
+    T* gcos_row = a.grad_cos.data ? a.grad_cos.row(b, 0) + i0 : nullptr;
+    T* gsin_row = a.grad_sin.data ? a.grad_sin.row(b, 0) + i0 : nullptr;
+    head_sum_and_store<T, kVec, 4 * kVec>(gcos_row, gsin_row, half, x, 1, slots, slot, 0);
+  }
+  if (!valid && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
+}
+
+// Out of place: copy thread `thread` of `threads` copies the caches to the cache-input gradients
+// 16 bytes at a time, the same vector of gK and of gV together (one index computation for both),
+// writing zeros instead at row p (`position`, read only once the data is in). The warp runs its
+// rounds together (PositionPrefetch::take is a warp-wide step). 32-bit indices: the host takes
+// this kernel only for caches of fewer than 2^31 16-byte vectors.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPrefetch& position, uint32_t thread,
+                                            uint32_t threads) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kUnroll = kDecodeCopyPairs;
+  using V = Vec<T, kVec>;
+  const int row_log2 = decode_log2<kHeadDim>(a.head_dim) - decode_log2<kVec>(kVec);  // log2(vectors a row)
+  const uint32_t total = static_cast<uint32_t>(a.batch * a.heads) * a.decode_slab_vecs.divisor;
+  int64_t p = -2;  // not read yet
+  for (uint32_t base = thread; __any_sync(0xffffffffu, base < total); base += threads * kUnroll) {
+    V kv[kUnroll], vv[kUnroll];
+    T* kdst[kUnroll];
+    T* vdst[kUnroll];
+    int32_t row[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint32_t i = base + u * threads;
+      row[u] = -1;
+      if (i < total) {
+        const uint32_t slab = a.decode_slab_vecs.div32(i);
+        const uint32_t within = i - slab * a.decode_slab_vecs.divisor;
+        const uint32_t b = a.div_heads.div32(slab);
+        const uint32_t j = slab - b * a.div_heads.divisor;
+        const int32_t s = static_cast<int32_t>(within >> row_log2);
+        const int64_t col = int64_t{within & ((1u << row_log2) - 1)} * kVec;
+        row[u] = s;
+        kv[u] = load_vec<cub::LOAD_CS, T, kVec>(a.gk.row(b, j, s) + col);
+        vv[u] = load_vec<cub::LOAD_CS, T, kVec>(a.gv.row(b, j, s) + col);
+        kdst[u] = a.gk_out.row(b, j, s) + col;
+        vdst[u] = a.gv_out.row(b, j, s) + col;
+      }
+    }
+    if (p == -2) p = position_row(a, position.take());  // the first wait on the position
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (row[u] >= 0) {
+        const bool zero = row[u] == p;
+        store_vec<cub::STORE_CS>(kdst[u], zero ? V::zeros() : kv[u]);
+        store_vec<cub::STORE_CS>(vdst[u], zero ? V::zeros() : vv[u]);
+      }
+    }
+  }
+  if (p == -2) position.take();  // a warp with nothing to copy: its position's copy has landed before it exits
+}
+
+//! The backward at S == 1 (BackwardPlan::decode). Warp 0 of blocks [0, a.decode_token_blocks) does
+//! the tokens b = block, block + decode_token_blocks, ...; out of place every other thread copies.
+//! 16-byte accesses only (decode_head_dim_ok, every row 16-byte aligned).
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kDecodeMaxBlockThreads) decode_kernel(const BackwardArgs<T> a) {
+  // Every batch's one position, fetched first into the warp's shared-memory slot (PositionPrefetch:
+  // a register load's value would be waited for where the compiler first tests it, at the entry).
+  __shared__ RawPosition slots[kDecodeMaxBlockThreads / 32];
+  const int lane = threadIdx.x & 31;
+  PositionPrefetch position{&slots[threadIdx.x / 32], {}};
+  position.issue(a, 0, lane);
+  const int64_t token_blocks = a.decode_token_blocks;
+  if (threadIdx.x < 32 && blockIdx.x < token_blocks) {
+    for (int64_t b = blockIdx.x; b < a.batch; b += token_blocks) decode_token<T, kHeadDim>(a, b, position, lane);
+    return;
+  }
+  if (a.in_place) return;
+  // Copy threads numbered past the token warps: block k's start at k x blockDim - 32 x min(k + 1, token_blocks).
+  const uint32_t taken = 32 * static_cast<uint32_t>(blockIdx.x < token_blocks ? blockIdx.x + 1 : token_blocks);
+  const uint32_t thread = blockIdx.x * blockDim.x + threadIdx.x - taken;
+  const uint32_t threads = gridDim.x * blockDim.x - 32 * static_cast<uint32_t>(token_blocks);
+  decode_copy<T, kHeadDim>(a, position, thread, threads);
+}
+
+}  // namespace kvrope::detail
