@@ -100,6 +100,7 @@ struct Options {
   int64_t warmup = 3;
   bool check = true;
   bool primer = true;
+  bool chain_study = false;  // --study=chain: the dependent-load chain study instead of the cases
   bool workspace = true;  // the fused variant gets a workspace (BackwardParams::workspace)
   std::vector<Variant> variants{kAllVariants, kAllVariants + 3};
   std::string json_path = "kvrope_bench_results.json";
@@ -138,9 +139,12 @@ void print_usage() {
       "  --share_min=N               LaunchTuning::bulk_share_min_chunks_per_block (share chunks above N a block)\n"
       "  --ip_prefetch=0|1|2         LaunchTuning::in_place_token_prefetch (in-place: items' cos/sin/key rows into L2 ahead)\n"
       "  --ip_spread=0|1             LaunchTuning::in_place_spread_items (in-place: a block per item, items dealt to blocks in turn)\n"
+      "  --study=chain               instead of the cases: one warp's k dependent loads, then its stores, timed\n"
+      "                              by the same clock (the latency floor of a position -> rows -> stores chain)\n"
       "  --decode=0|1                LaunchTuning::decode_kernel (S = 1: the decode kernel)\n"
       "  --decode_mib=N              LaunchTuning::decode_copy_max_mib (out of place: caches up to N MiB take it)\n"
       "  --decode_block=N            LaunchTuning::decode_block_threads (out of place: its block size)\n"
+      "  --decode_warps=N            LaunchTuning::decode_token_warps (warps a token; 0: as its heads fill)\n"
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed share)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
@@ -203,6 +207,7 @@ const TuningFlag* tuning_flag(const std::string& key) {
       {"--decode", nullptr, &T::decode_kernel, 0},
       {"--decode_mib", &T::decode_copy_max_mib, nullptr, 0},
       {"--decode_block", &T::decode_block_threads, nullptr, 64},
+      {"--decode_warps", &T::decode_token_warps, nullptr, 0},
   };
   for (const TuningFlag& f : flags)
     if (key == f.name) return &f;
@@ -253,6 +258,9 @@ Options parse_options(int* argc, char** argv) {
       opt.warmup = parse_int(arg, value, 0);
     } else if (key == "--seed") {
       opt.seed = static_cast<uint64_t>(parse_int(arg, value, 0));
+    } else if (key == "--study") {
+      if (value != "chain") bad_option(arg, "the study is chain");
+      opt.chain_study = true;
     } else if (key == "--primer") {
       opt.primer = parse_int(arg, value, 0) != 0;
     } else if (key == "--workspace") {
@@ -743,6 +751,91 @@ Calibration calibrate() {
   cupti::set_tracing(true);
   c.empty_kernel_event_us = median_of(ev);
   return c;
+}
+
+// The chain study (--study=chain; docs/perf-notes.md, v11): one warp loads 16 bytes a lane from
+// each of `loads` buffers in turn, each load's address taken from the previous load's value (all
+// values are zero: the same line of every buffer), then stores `stores` x 512 bytes. Its CUPTI time
+// after the L2 flush is the least any kernel takes whose stores wait on that many dependent memory
+// round trips: with loads = 2 and 16 stores, the in-place backward of one token (its position, then
+// the rows at it, then 8 KiB of outputs).
+struct ChainBuffers {
+  const uint4* buf[3];  // kernel parameters: no load of their own
+};
+// The same with 768 bytes of parameters (the fused kernel's BackwardArgs is about as large), the
+// pointers last.
+struct BigChainBuffers {
+  unsigned char pad[744];
+  const uint4* buf[3];
+};
+template <typename Buffers>
+__global__ void chain_kernel(const Buffers bufs, int loads, uint4* out, int stores, int use_shared) {
+  extern __shared__ uint4 chain_shared[];
+  const int lane = threadIdx.x & 31;
+  uint32_t offset = 0;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < loads; ++i) {
+    v = bufs.buf[i][offset + lane];
+    offset = v.x;  // zero: the dependence alone
+  }
+  if (use_shared) {  // through shared memory once, so that the kernel uses what it asked for
+    chain_shared[lane] = v;
+    __syncwarp();
+    v = chain_shared[lane ^ 1];
+  }
+  for (int i = 0; i < stores; ++i) out[i * 32 + lane] = v;
+}
+
+void run_chain_study() {
+  constexpr int kMaxLoads = 3;  // ChainBuffers::buf
+  constexpr size_t kBufBytes = size_t{4} << 20;  // separate allocations, as a call's tensors are
+  std::vector<DeviceBuffer> bufs;
+  ChainBuffers ptrs{};
+  BigChainBuffers big{};
+  for (int i = 0; i < kMaxLoads; ++i) {
+    bufs.emplace_back(kBufBytes);
+    KVROPE_BENCH_CUDA(cudaMemset(bufs.back().as<void>(), 0, kBufBytes));
+    ptrs.buf[i] = big.buf[i] = bufs.back().as<const uint4>();
+  }
+  DeviceBuffer out(kBufBytes);
+  constexpr int kBigShared = 200 * 1024;
+  KVROPE_BENCH_CUDA(cudaFuncSetAttribute(chain_kernel<ChainBuffers>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBigShared));
+  std::printf("chain study: one warp, k dependent 16-byte loads a lane (separate 4 MiB buffers), then n x 512 B of\n"
+              "stores; CUPTI median of %lld calls, L2 flushed before each (the empty kernel: %.3f us)\n",
+              static_cast<long long>(g_options.iters), g_calibration.empty_kernel_us);
+  auto time_it = [&](const char* what, int loads, int stores, auto&& launch) {
+    std::vector<double> t;
+    for (int64_t i = 0; i < g_options.iters + 2; ++i) {
+      const Sample s = g_clock->time([&](cudaStream_t st) {
+        launch(st);
+        KVROPE_BENCH_CUDA(cudaGetLastError());
+      });
+      if (i >= 2) t.push_back(s.cupti_us);
+    }
+    std::printf("chain: loads %d, stores %2d x 512 B%s: median %.3f us, p10 %.3f, p90 %.3f\n", loads, stores, what,
+                median_of(t), percentile_of(t, 0.1), percentile_of(t, 0.9));
+  };
+  for (const int stores : {0, 1, 16})
+    for (int loads = 0; loads <= kMaxLoads; ++loads) {
+      if (stores == 0 && loads > 0) continue;
+      time_it("", loads, stores, [&](cudaStream_t st) {
+        chain_kernel<<<1, 32, 0, st>>>(ptrs, loads, out.as<uint4>(), stores, 0);
+      });
+    }
+  // What else a kernel brings: shared memory (the carveout it needs), a large parameter block.
+  for (const int shared : {512, 48 * 1024, kBigShared}) {
+    char what[64];
+    std::snprintf(what, sizeof(what), ", %d B of shared memory", shared);
+    for (const int loads : {0, 2})
+      time_it(what, loads, 16, [&](cudaStream_t st) {
+        chain_kernel<<<1, 32, shared, st>>>(ptrs, loads, out.as<uint4>(), 16, 1);
+      });
+  }
+  for (const int loads : {0, 2})
+    time_it(", 768 B of parameters", loads, 16, [&](cudaStream_t st) {
+      chain_kernel<<<1, 32, 0, st>>>(big, loads, out.as<uint4>(), 16, 0);
+    });
+  std::fflush(stdout);
 }
 
 // Least bytes each variant must move (DESIGN.md section 5).
@@ -1479,6 +1572,12 @@ int main(int argc, char** argv) {
               static_cast<long long>(g_options.iters), static_cast<long long>(g_options.warmup),
               g_options.check ? "on" : "off", static_cast<double>(g_clock->flush_bytes()) / (1 << 20),
               g_options.workspace ? "on" : "off");
+  if (g_options.chain_study) {
+    run_chain_study();
+    g_clock.reset();
+    KVROPE_BENCH_CUDA(cudaStreamDestroy(stream));
+    return 0;
+  }
   if (g_options.tuned)  // a record of the launch parameters the fused variants ran with, as in the JSON
     std::printf("launch tuning (flags): %s\n\n", tuning_json(g_options.tuning).c_str());
   std::fflush(stdout);

@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
   // (mask_after_first_item, 0/1), KVROPE_SHARE (bulk_share_chunks, 0/1), KVROPE_CHUNK
   // (bulk_chunk_bytes), KVROPE_SPEC_LARGE (bulk_speculate_large, 0/1), KVROPE_SHARE_MIN
   // (bulk_share_min_chunks_per_block), KVROPE_IP_PREFETCH (in_place_token_prefetch), KVROPE_IP_SPREAD
-  // (in_place_spread_items, 0/1), KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch).
+  // (in_place_spread_items, 0/1), KVROPE_DECODE (decode_kernel, 0/1), KVROPE_DECODE_WARPS
+  // (decode_token_warps), KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch).
   int device = 0, major = 0, minor = 0;
   KVROPE_TOOL_CUDA(cudaGetDevice(&device));
   KVROPE_TOOL_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -105,6 +106,8 @@ int main(int argc, char** argv) {
   tuning.bulk_share_min_chunks_per_block = env_int("KVROPE_SHARE_MIN", tuning.bulk_share_min_chunks_per_block);
   tuning.in_place_token_prefetch = env_int("KVROPE_IP_PREFETCH", tuning.in_place_token_prefetch);
   tuning.in_place_spread_items = env_int("KVROPE_IP_SPREAD", tuning.in_place_spread_items) != 0;
+  tuning.decode_kernel = env_int("KVROPE_DECODE", tuning.decode_kernel) != 0;
+  tuning.decode_token_warps = env_int("KVROPE_DECODE_WARPS", tuning.decode_token_warps);
   const bool flush_l2 = env_int("KVROPE_FLUSH", 1) != 0;  // 0: caches warm (the previous launch's data)
   if (env_int("KVROPE_WORKSPACE", 1) != 0) {  // zeroed once: the kernel leaves it zero
     KVROPE_TOOL_CUDA(cudaMalloc(&op.workspace, kvrope::kBackwardWorkspaceBytes));
@@ -119,13 +122,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("B %lld S %lld S_max %lld H %lld D %lld %s: grid %d block %d shared %d token_warps %d parts %d bulk %d"
-              " chunk_rows %d speculated %d token_zeros %d shared_chunks %lld spread %d%s\n",
+              " chunk_rows %d speculated %d token_zeros %d shared_chunks %lld spread %d decode %d%s\n",
               static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(L),
               static_cast<long long>(H), static_cast<long long>(D), in_place ? "inplace" : "fused", plan.grid,
               plan.block, plan.shared_bytes, plan.token_warps, plan.token_parts, static_cast<int>(plan.bulk_copy),
               plan.bulk_chunk_rows, plan.bulk_speculated_chunks, static_cast<int>(plan.token_zeros),
               static_cast<long long>(plan.bulk_shared_chunks), static_cast<int>(plan.token_items_spread),
-              flush_l2 ? "" : " (L2 warm)");
+              static_cast<int>(plan.decode), flush_l2 ? "" : " (L2 warm)");
   cudaEvent_t start, stop;
   KVROPE_TOOL_CUDA(cudaEventCreate(&start));
   KVROPE_TOOL_CUDA(cudaEventCreate(&stop));

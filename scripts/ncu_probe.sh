@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Compute on kvrope_probe (one device call): duration and warp stall reasons of the fused
+# Nsight Compute on kvrope_probe (one device call): duration and warp stall reasons of the fused (or decode)
 # kernel for SHAPES ("B:S:S_max:variant" entries, space-separated), caches flushed before each
 # profiled launch (--cache-control all), then the same launch with warm caches (--cache-control none,
 # the second launch). Run from the repository root on the GPU machine after `source .deps/gpu-env.sh`.
@@ -16,7 +16,7 @@ for shape in ${SHAPES:-1:1:256:inplace 1:1:256:fused 1:691:2048:fused 4:1:512:in
   IFS=: read -r b s l v <<< "$shape"
   for cc in all none; do
     log="$out/ncu-$b-$s-$l-$v-$cc.log"
-    timeout 120 ncu --clock-control none --cache-control $cc -k regex:backward_kernel -s 1 -c 1 --metrics "$metrics" \
+    timeout 120 ncu --clock-control none --cache-control $cc -k "regex:(backward|decode)_kernel" -s 1 -c 1 --metrics "$metrics" \
       $build/bench/kvrope_probe "$b" "$s" "$l" "$v" 2 > "$log" 2>&1
     echo "== $shape cache-control $cc"
     grep -E "grid|gpu__time|inst_executed|latency_per|stalled" "$log" | awk '$NF+0 > 0.3 || /gpu__time|inst_executed|grid|latency_per/' | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//'

@@ -229,15 +229,23 @@ Status launch_decode(const BackwardArgs<T>& a, const LaunchTuning& tune, int sms
   const auto kernel = decode_instance<T>(a.head_dim, &plan.head_dim_instance);
   plan.path = plan.head_dim_instance ? BackwardPath::kCompiledHeadDim : BackwardPath::kGenericVectorized;
   plan.decode = true;
-  plan.block = a.in_place ? 32 : std::clamp(tune.decode_block_threads / 32 * 32, 64, kDecodeMaxBlockThreads);
-  plan.shared_bytes = 0;
-  plan.token_warps = a.in_place ? 0 : 1;
+  // A token's warps: the fewest whose first batch of passes covers its heads (one memory round trip
+  // for its rows), or as asked; out of place the block also has at least one copy warp.
+  const int64_t batch_heads = decode_slots<T>(a.head_dim) * kDecodeBatch;
+  const int64_t fill = (a.heads + batch_heads - 1) / batch_heads;
+  const int token_warps = static_cast<int>(
+      std::clamp<int64_t>(tune.decode_token_warps > 0 ? tune.decode_token_warps : fill, 1, kDecodeMaxTokenWarps));
+  plan.block = a.in_place ? 32 * token_warps
+                          : std::clamp(tune.decode_block_threads / 32 * 32, 32 * (token_warps + 1), kDecodeMaxBlockThreads);
+  plan.shared_bytes = decode_sum_bytes<T>(token_warps, a.wants_tables());
+  plan.token_warps = a.in_place ? 0 : token_warps;
+  plan.token_parts = token_warps;
   int device = 0, resident = 0;
   if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
-  if (Status s = cached_query(std::make_tuple(reinterpret_cast<const void*>(kernel), device, plan.block), &resident,
+  if (Status s = cached_query(std::make_tuple(reinterpret_cast<const void*>(kernel), device, plan.block, plan.shared_bytes), &resident,
                               [&](int* blocks) {
                                 return cuda_status(
-                                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, plan.block, 0),
+                                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, plan.block, plan.shared_bytes),
                                     "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
                               });
       !s)
@@ -249,10 +257,11 @@ Status launch_decode(const BackwardArgs<T>& a, const LaunchTuning& tune, int sms
   plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(copy_blocks, a.batch), 1, grid_max));
   BackwardArgs<T> args = a;
   args.decode_token_blocks = std::min<int64_t>(a.batch, plan.grid);
+  args.decode_token_warps = token_warps;
   args.decode_slab_vecs = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(1, a.cache_len * a.head_dim / kWide)));
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
-  kernel<<<plan.grid, plan.block, 0, stream>>>(args);
+  kernel<<<plan.grid, plan.block, plan.shared_bytes, stream>>>(args);
   return cuda_status(cudaGetLastError(), "kernel launch");
 }
 

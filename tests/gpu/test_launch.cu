@@ -1,6 +1,7 @@
 // GPU tests of how the launchers behave: CUDA graph capture and replay on new inputs, concurrent
 // streams, the vector and scalar paths, a cache of more than 2^31 elements, and a grid that a
 // 2-D/3-D launch would overflow.
+#include <algorithm>
 #include <vector>
 
 #include "support/gpu_problem.cuh"
@@ -238,8 +239,8 @@ TEMPLATE_TEST_CASE("one position a batch (S = 1): the decode kernel, and the fus
                    "[gpu][decode]", __nv_bfloat16, __half, float) {
   // Both variants, with and without table gradients; head dims with a compiled decode instance
   // (64, 128, 256) and generic ones (16, 32); BSHD and padded rows; a position that wraps, one out
-  // of range; more heads than a warp covers in one batch; more tokens than the out-of-place grid
-  // has blocks (B = 300); int32 positions. A cache over decode_copy_max_mib, and a misaligned
+  // of range; more heads than a token's warps cover in one batch of passes (H = 40); more tokens
+  // than the out-of-place grid has blocks (B = 300); int32 positions; one to four warps a token. A cache over decode_copy_max_mib, and a misaligned
   // one, take the fused kernel even with the decode kernel on.
   const Config configs[] = {
       {{5, 8, 1, 300, 128}, Layout::kBHSD, Positions::kArange, Variant::kOutOfPlace, false, 101},
@@ -254,18 +255,23 @@ TEMPLATE_TEST_CASE("one position a batch (S = 1): the decode kernel, and the fus
     for (const bool padded : {false, true}) {
       cfg.pad_row = padded ? 8 : 0;  // 16 bytes or more: rows stay 16-byte aligned
       cfg.pad_head = padded ? 16 : 0;
-      for (const bool on : {true, false}) {
+      // The decode kernel with its warps a token as its heads fill (0), one, three; then off.
+      for (const int warps : {0, 1, 3, -1}) {
+        const bool on = warps >= 0;
         Problem<TestType, int64_t> p(cfg);
         Problem<TestType, int32_t> p32(cfg);
         LaunchTuning tuning = default_tuning(9, 0);
         tuning.decode_kernel = on;
+        tuning.decode_token_warps = std::max(warps, 0);
         BackwardPlan plan;
         const bool in_place = cfg.variant == Variant::kInPlace || cfg.variant == Variant::kInPlaceNoTables;
         REQUIRE((in_place ? plan_backward(p.device_inplace_params(), tuning, &plan)
                           : plan_backward(p.device_params(), tuning, &plan))
                     .ok());
-        INFO(cfg.describe() << " decode kernel " << on << " grid " << plan.grid << " block " << plan.block);
+        INFO(cfg.describe() << " decode kernel " << on << " warps a token " << plan.token_parts << " grid "
+                            << plan.grid << " block " << plan.block);
         CHECK(plan.decode == on);
+        if (warps > 0) CHECK(plan.token_parts == warps);
         p.run_and_check(&tuning);
         p32.run_and_check(&tuning);
       }

@@ -53,9 +53,10 @@ struct BackwardArgs {
   bool share_chunks;    // with bulk and a workspace: chunks past grid x bulk_per_block are taken by ticket
   FastDivmod div_seq;   // token index -> (b, t)
   FastDivmod div_heads;
-  // The decode kernel (S == 1, decode_kernel.cuh): warp 0 of blocks [0, decode_token_blocks) does
-  // the tokens; out of place, decode_slab_vecs divides by the 16-byte vectors of one (b, head)'s cache.
+  // The decode kernel (S == 1, decode_kernel.cuh): the first warps of blocks [0, decode_token_blocks)
+  // do the tokens; out of place, decode_slab_vecs divides by the 16-byte vectors of one (b, head)'s cache.
   int64_t decode_token_blocks;
+  int decode_token_warps;  // warps [0, decode_token_warps) of those blocks: a token's warps
   FastDivmod decode_slab_vecs;
 
   //! Whether the table gradients are asked for (then key_states is read).

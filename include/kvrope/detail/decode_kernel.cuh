@@ -21,13 +21,28 @@ inline constexpr int kDecodeMaxBlockThreads = 256;
 #define KVROPE_DECODE_PAIRS 4
 #endif
 inline constexpr int kDecodeCopyPairs = KVROPE_DECODE_PAIRS;
+// The position of every batch (S == 1): each warp copies it into its shared-memory slot at the
+// kernel's entry (cp.async, PositionPrefetch) and reads it where the rows need it. (Loaded into a
+// register, its value was waited for at the entry: ptxas tracks it on the scoreboard of the loads
+// that follow, as v8 found for the fused kernel's next positions.)
+struct DecodePosition {
+  PositionPrefetch fetch;
+  __device__ __forceinline__ RawPosition take() { return fetch.take(); }
+};
 
-// Whether a head dim suits the decode kernel: a power of two from two 16-byte vectors of T to 256,
-// so that a row is whole 16-byte vectors for the copy and its half a power of two of the token
-// work's chunks (kTokenVec elements), at most 32 of them (a warp covers a row, or a power of two).
+//! The most warps a token of the decode kernel has (LaunchTuning::decode_token_warps).
+inline constexpr int kDecodeMaxTokenWarps = 4;
+//! Passes of a token warp whose loads the decode kernel issues together.
+inline constexpr int kDecodeBatch = 2;
+//! Heads one warp of the decode kernel covers in a pass: 32 / (the 16-byte chunks of half a row).
 template <typename T>
-__host__ __device__ inline constexpr bool decode_head_dim_ok(int64_t head_dim) {
-  return head_dim >= 2 * int64_t{16 / sizeof(T)} && head_dim <= 256 && (head_dim & (head_dim - 1)) == 0;
+inline constexpr int64_t decode_slots(int64_t head_dim) {
+  return 32 / (head_dim / 2 / (16 / int64_t{sizeof(T)}));
+}
+//! Dynamic shared memory of a decode launch: the table sums of a token's warps past the first.
+template <typename T>
+inline constexpr int decode_sum_bytes(int token_warps, bool tables) {
+  return token_warps > 1 && tables ? token_warps * 32 * 4 * (16 / static_cast<int>(sizeof(T))) * 4 : 0;
 }
 
 // log2 of a power of two (kHeadDim = 0: the head dim read at run time).
@@ -42,16 +57,19 @@ __device__ __forceinline__ int decode_log2(int64_t head_dim) {
   }
 }
 
-// Token b (its only token, t = 0) by one warp: lane = chunk x slots + slot covers chunk pair `chunk`
-// (kVec = kTokenVec elements of each half of a row, as in the fused kernel's token work) of heads
-// slot, slot + slots, ... (slots = 32 / the lanes a row takes), so the head sum of the table
-// gradients is a reduction over the low lane bits, as in the fused kernel (head_sum_and_store).
+// Token b (its only token, t = 0) by the first `warps` warps of a block, 16-byte accesses: lane =
+// chunk x slots + slot covers chunk pair `chunk` (kVec elements of each half of a row) of heads
+// (pass x warps + warp) x slots + slot (slots = 32 / the lanes a row's half takes), so that each
+// warp's share of the head sum of the table gradients is a reduction over the low lane bits (as in
+// the fused kernel, head_sum_and_store); with several warps a token, the others' shares are added by
+// warp 0 through shared memory (`sums`: warps x 32 x 4 kVec floats). A token over more warps has
+// fewer instructions a lane, and one warp's instructions are what its time is made of (v11).
 // The loads that do not depend on the position go first.
 template <typename T, int kHeadDim>
-__device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b, PositionPrefetch& position,
-                                             int lane) {
-  constexpr int kVec = kTokenVec<T, 16 / sizeof(T)>;
-  constexpr int kBatch = kTokenBatch<T>;  // head passes whose loads are issued together
+__device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b, DecodePosition& position, int lane,
+                                             int warp, int warps, float* sums) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kBatch = kDecodeBatch;
   using V = Vec<T, kVec>;
   const int64_t half = (kHeadDim > 0 ? kHeadDim : a.head_dim) / 2;
   // A row's half is 2^(log2 D - 1) elements, 2^(log2 D - 1 - log2 kVec) chunks (at most 32).
@@ -59,41 +77,46 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
   const int slots = 1 << slots_log2;
   const int slot = lane & (slots - 1);
   const int64_t i0 = int64_t{lane >> slots_log2} * kVec;
+  const int64_t pass = int64_t{warps} * slots;  // heads a pass of all the token's warps covers
+  const int64_t j_first = int64_t{warp} * slots + slot;
   const bool want_tables = a.wants_tables();
   const RawChunk<T, kVec> cs_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, 0), half, i0);
   const RawChunk<T, kVec> sn_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, 0), half, i0);
   // The first batch's key rows are loaded before the first wait on the position; a later batch's
-  // (more heads than a warp covers in kBatch passes) at its start.
+  // (more heads than the warps cover in kBatch passes) at its start.
   RawChunk<T, kVec> kr[kBatch];
   auto load_keys = [&](int64_t j0) {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int64_t j = j0 + u * slots;
+      const int64_t j = j0 + u * pass;
       kr[u] = RawChunk<T, kVec>{V::zeros(), V::zeros()};
       if (want_tables && j < a.heads) kr[u] = load_raw<cub::LOAD_CS, kVec>(a.key.row(b, j, 0), half, i0);
     }
   };
-  load_keys(slot);
+  load_keys(j_first);
   const int64_t r = position_row(a, position.take());  // the first wait on the position
+  KVROPE_TRACE_DEP(b == blockIdx.x, kTracePosition, r);
   const bool valid = r >= 0;
   RopeChunk<kVec> gcos = RopeChunk<kVec>::zeros(), gsin = RopeChunk<kVec>::zeros();
 #pragma unroll 1
-  for (int64_t j0 = slot; j0 < a.heads; j0 += kBatch * slots) {
-    if (j0 != slot) load_keys(j0);
+  for (int64_t j0 = j_first; j0 < a.heads; j0 += kBatch * pass) {
+    if (j0 != j_first) load_keys(j0);
     RawChunk<T, kVec> gr[kBatch], vr[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int64_t j = j0 + u * slots;
+      const int64_t j = j0 + u * pass;
       gr[u] = vr[u] = RawChunk<T, kVec>{V::zeros(), V::zeros()};
       if (valid && j < a.heads) {
         gr[u] = load_raw<cub::LOAD_CS, kVec>(a.gk.row(b, j, r), half, i0);
         vr[u] = load_raw<cub::LOAD_CS, kVec>(a.gv.row(b, j, r), half, i0);
       }
     }
+    KVROPE_TRACE_DEP(b == blockIdx.x && j0 == j_first, kTraceRowsIssued, 0);
+    KVROPE_TRACE_DEP(b == blockIdx.x && j0 == j_first, kTraceRows, gr[0].lo.raw.x);
     const RopeChunk<kVec> cs = cs_raw.widen(), sn = sn_raw.widen();
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int64_t j = j0 + u * slots;
+      const int64_t j = j0 + u * pass;
       if (j >= a.heads) break;
       const RopeChunk<kVec> gf = gr[u].widen();
       if (want_tables) accumulate_rope_table_grads(gf, kr[u].widen(), gcos, gsin);
@@ -115,11 +138,36 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
       x[2 * kVec + i] = gsin.lo[i];
       x[3 * kVec + i] = gsin.hi[i];
     }
-    T* gcos_row = a.grad_cos.data ? a.grad_cos.row(b, 0) + i0 : nullptr;
-    T* gsin_row = a.grad_sin.data ? a.grad_sin.row(b, 0) + i0 : nullptr;
-    head_sum_and_store<T, kVec, 4 * kVec>(gcos_row, gsin_row, half, x, 1, slots, slot, 0);
+    if (warps > 1) {  // warp 0 adds the other warps' shares (same lane: same chunk pair and slot)
+      const int token_threads = warps * 32;
+      float4* mine = reinterpret_cast<float4*>(sums) + (warp * 32 + lane) * kVec;
+      if (warp != 0) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) mine[i] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(token_threads) : "memory");
+      if (warp == 0) {
+        for (int w = 1; w < warps; ++w) {
+          const float4* theirs = reinterpret_cast<const float4*>(sums) + (w * 32 + lane) * kVec;
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) {
+            const float4 y = theirs[i];
+            x[4 * i] += y.x;
+            x[4 * i + 1] += y.y;
+            x[4 * i + 2] += y.z;
+            x[4 * i + 3] += y.w;
+          }
+        }
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(token_threads) : "memory");  // read before the next token's writes
+    }
+    if (warp == 0) {
+      T* gcos_row = a.grad_cos.data ? a.grad_cos.row(b, 0) + i0 : nullptr;
+      T* gsin_row = a.grad_sin.data ? a.grad_sin.row(b, 0) + i0 : nullptr;
+      head_sum_and_store<T, kVec, 4 * kVec>(gcos_row, gsin_row, half, x, 1, slots, slot, 0);
+    }
   }
-  if (!valid && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
+  if (!valid && warp == 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
 }
 
 // Out of place: copy thread `thread` of `threads` copies the caches to the cache-input gradients
@@ -128,7 +176,7 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
 // rounds together (PositionPrefetch::take is a warp-wide step). 32-bit indices: the host takes
 // this kernel only for caches of fewer than 2^31 16-byte vectors.
 template <typename T, int kHeadDim>
-__device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPrefetch& position, uint32_t thread,
+__device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, DecodePosition& position, uint32_t thread,
                                             uint32_t threads) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kUnroll = kDecodeCopyPairs;
@@ -159,7 +207,11 @@ __device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPr
         vdst[u] = a.gv_out.row(b, j, s) + col;
       }
     }
-    if (p == -2) p = position_row(a, position.take());  // the first wait on the position
+    if (p == -2) {
+      p = position_row(a, position.take());  // the first wait on the position
+      KVROPE_TRACE_DEP(true, kTracePosition, p);
+      KVROPE_TRACE_DEP(true, kTraceFirstData, kv[0].raw.x);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (row[u] >= 0) {
@@ -170,29 +222,42 @@ __device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPr
     }
   }
   if (p == -2) position.take();  // a warp with nothing to copy: its position's copy has landed before it exits
+  KVROPE_TRACE_AT(kTraceLastStore, 0);
 }
 
-//! The backward at S == 1 (BackwardPlan::decode). Warp 0 of blocks [0, a.decode_token_blocks) does
-//! the tokens b = block, block + decode_token_blocks, ...; out of place every other thread copies.
-//! 16-byte accesses only (decode_head_dim_ok, every row 16-byte aligned).
+//! The backward at S == 1 (BackwardPlan::decode). Warps [0, a.decode_token_warps) of blocks
+//! [0, a.decode_token_blocks) do the tokens b = block, block + decode_token_blocks, ...; out of place
+//! every other thread copies. 16-byte accesses only (decode_head_dim_ok, every row 16-byte aligned).
+//! Dynamic shared memory: the token warps' table sums when a token has several warps
+//! (decode_sum_bytes).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kDecodeMaxBlockThreads) decode_kernel(const BackwardArgs<T> a) {
-  // Every batch's one position, fetched first into the warp's shared-memory slot (PositionPrefetch:
-  // a register load's value would be waited for where the compiler first tests it, at the entry).
-  __shared__ RawPosition slots[kDecodeMaxBlockThreads / 32];
+  extern __shared__ float4 decode_sums[];
   const int lane = threadIdx.x & 31;
-  PositionPrefetch position{&slots[threadIdx.x / 32], {}};
-  position.issue(a, 0, lane);
+  // Every batch's one position, fetched first (DecodePosition).
+  __shared__ RawPosition slots[kDecodeMaxBlockThreads / 32];
+  DecodePosition position{PositionPrefetch{&slots[threadIdx.x / 32], {}}};
+  position.fetch.issue(a, 0, lane);
   const int64_t token_blocks = a.decode_token_blocks;
-  if (threadIdx.x < 32 && blockIdx.x < token_blocks) {
-    for (int64_t b = blockIdx.x; b < a.batch; b += token_blocks) decode_token<T, kHeadDim>(a, b, position, lane);
+  const int token_warps = a.decode_token_warps;
+  KVROPE_TRACE_AT(kTraceEntry, 0);
+  if (static_cast<int>(threadIdx.x) < 32 * token_warps && blockIdx.x < token_blocks) {
+    KVROPE_TRACE_AT(kTraceRole, 1);
+    for (int64_t b = blockIdx.x; b < a.batch; b += token_blocks) {
+      decode_token<T, kHeadDim>(a, b, position, lane, threadIdx.x / 32, token_warps,
+                                reinterpret_cast<float*>(decode_sums));
+      if (b == blockIdx.x) KVROPE_TRACE_AT(kTraceStart, 0);
+    }
     return;
   }
+  KVROPE_TRACE_AT(kTraceRole, 2);
   if (a.in_place) return;
-  // Copy threads numbered past the token warps: block k's start at k x blockDim - 32 x min(k + 1, token_blocks).
-  const uint32_t taken = 32 * static_cast<uint32_t>(blockIdx.x < token_blocks ? blockIdx.x + 1 : token_blocks);
+  // Copy threads numbered past the token warps: block k's start at k x blockDim - (token threads a
+  // block) x min(k + 1, token_blocks).
+  const uint32_t per_block = 32 * static_cast<uint32_t>(token_warps);
+  const uint32_t taken = per_block * static_cast<uint32_t>(blockIdx.x < token_blocks ? blockIdx.x + 1 : token_blocks);
   const uint32_t thread = blockIdx.x * blockDim.x + threadIdx.x - taken;
-  const uint32_t threads = gridDim.x * blockDim.x - 32 * static_cast<uint32_t>(token_blocks);
+  const uint32_t threads = gridDim.x * blockDim.x - per_block * static_cast<uint32_t>(token_blocks);
   decode_copy<T, kHeadDim>(a, position, thread, threads);
 }
 
