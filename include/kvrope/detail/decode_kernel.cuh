@@ -21,6 +21,15 @@ inline constexpr int kDecodeMaxBlockThreads = 256;
 #define KVROPE_DECODE_PAIRS 4
 #endif
 inline constexpr int kDecodeCopyPairs = KVROPE_DECODE_PAIRS;
+
+// Whether a head dim suits the decode kernel: a power of two from two 16-byte vectors of T to 256,
+// so that a row is whole 16-byte vectors and its half a power of two of them, at most 32 (a warp
+// covers a row's chunk pairs, or a power of two of rows at once).
+template <typename T>
+__host__ __device__ inline constexpr bool decode_head_dim_ok(int64_t head_dim) {
+  return head_dim >= 2 * int64_t{16 / sizeof(T)} && head_dim <= 256 && (head_dim & (head_dim - 1)) == 0;
+}
+
 // The position of every batch (S == 1): each warp copies it into its shared-memory slot at the
 // kernel's entry (cp.async, PositionPrefetch) and reads it where the rows need it. (Loaded into a
 // register, its value was waited for at the entry: ptxas tracks it on the scoreboard of the loads
