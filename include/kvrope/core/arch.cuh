@@ -87,7 +87,7 @@ struct LaunchTuning {
   //! The decode kernel's warps a token (1 to 4; 0: the fewest whose loads of the token's rows go out
   //! in one batch, a warp covering 2 x 32 / (the 16-byte chunks of half a row) heads: 8 for D = 128
   //! in bf16, so one warp up to H = 8, four from H = 25). On the H200 (H = 8, D = 128, bf16) one warp
-  //! was 6-7 % faster than two and 12-16 % faster than three: the warps' table sums meet in shared
+  //! was 5-8 % faster than two and 15-16 % faster than three: the warps' table sums meet in shared
   //! memory behind a barrier, which costs more than the instructions a second warp takes off the first.
   int decode_token_warps = 0;
 };
