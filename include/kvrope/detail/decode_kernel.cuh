@@ -2,9 +2,9 @@
 // own, short from its entry to its loads (docs/perf-notes.md, v11).
 //
 // With S == 1 every batch writes the same cache row p = cache_position[0], so no row repeats and no
-// bitmask is needed: a warp per token loads p, its rows at p and writes its outputs; out of place, all
-// other threads copy the caches 16 bytes at a time and write zeros where the row is p, deciding that
-// only when the data is loaded (the copy never waits for p before its loads).
+// bitmask is needed: a token's warp (or warps) loads p, its rows at p and writes its outputs; out of
+// place, all other threads copy the caches 16 bytes at a time and write zeros where the row is p,
+// deciding that only when the data is loaded (the copy never waits for p before its loads).
 #pragma once
 
 #include <cstdint>
@@ -29,15 +29,6 @@ template <typename T>
 __host__ __device__ inline constexpr bool decode_head_dim_ok(int64_t head_dim) {
   return head_dim >= 2 * int64_t{16 / sizeof(T)} && head_dim <= 256 && (head_dim & (head_dim - 1)) == 0;
 }
-
-// The position of every batch (S == 1): each warp copies it into its shared-memory slot at the
-// kernel's entry (cp.async, PositionPrefetch) and reads it where the rows need it. (Loaded into a
-// register, its value was waited for at the entry: ptxas tracks it on the scoreboard of the loads
-// that follow, as v8 found for the fused kernel's next positions.)
-struct DecodePosition {
-  PositionPrefetch fetch;
-  __device__ __forceinline__ RawPosition take() { return fetch.take(); }
-};
 
 //! The most warps a token of the decode kernel has (LaunchTuning::decode_token_warps).
 inline constexpr int kDecodeMaxTokenWarps = 4;
@@ -71,11 +62,12 @@ __device__ __forceinline__ int decode_log2(int64_t head_dim) {
 // (pass x warps + warp) x slots + slot (slots = 32 / the lanes a row's half takes), so that each
 // warp's share of the head sum of the table gradients is a reduction over the low lane bits (as in
 // the fused kernel, head_sum_and_store); with several warps a token, the others' shares are added by
-// warp 0 through shared memory (`sums`: warps x 32 x 4 kVec floats). A token over more warps has
-// fewer instructions a lane, and one warp's instructions are what its time is made of (v11).
-// The loads that do not depend on the position go first.
+// warp 0 through shared memory (`sums`: warps x 32 x 4 kVec floats). More warps give each fewer
+// instructions, which are most of a token's time, but on the H200 their meeting behind a barrier
+// cost more than that saved: one warp for H = 8 (docs/perf-notes.md, v11). The loads that do not
+// depend on the position go first.
 template <typename T, int kHeadDim>
-__device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b, DecodePosition& position, int lane,
+__device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b, PositionPrefetch& position, int lane,
                                              int warp, int warps, float* sums) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kBatch = kDecodeBatch;
@@ -185,7 +177,7 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
 // rounds together (PositionPrefetch::take is a warp-wide step). 32-bit indices: the host takes
 // this kernel only for caches of fewer than 2^31 16-byte vectors.
 template <typename T, int kHeadDim>
-__device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, DecodePosition& position, uint32_t thread,
+__device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPrefetch& position, uint32_t thread,
                                             uint32_t threads) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kUnroll = kDecodeCopyPairs;
@@ -243,10 +235,13 @@ template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kDecodeMaxBlockThreads) decode_kernel(const BackwardArgs<T> a) {
   extern __shared__ float4 decode_sums[];
   const int lane = threadIdx.x & 31;
-  // Every batch's one position, fetched first (DecodePosition).
+  // Every batch's one position, fetched first: each warp copies it into its shared-memory slot
+  // (PositionPrefetch), whose arrival only take() waits for. (Loaded into a register, its value was
+  // waited for at the entry: ptxas tracks such a load on the scoreboard of the loads after it, as v8
+  // found for the fused kernel's next positions.)
   __shared__ RawPosition slots[kDecodeMaxBlockThreads / 32];
-  DecodePosition position{PositionPrefetch{&slots[threadIdx.x / 32], {}}};
-  position.fetch.issue(a, 0, lane);
+  PositionPrefetch position{&slots[threadIdx.x / 32], {}};
+  position.issue(a, 0, lane);
   const int64_t token_blocks = a.decode_token_blocks;
   const int token_warps = a.decode_token_warps;
   KVROPE_TRACE_AT(kTraceEntry, 0);
