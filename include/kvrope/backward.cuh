@@ -305,10 +305,11 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   if (Status s = cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute"); !s) return s;
   const LaunchTuning tune = tuning ? *tuning : default_tuning(major, minor);
   if (tune.decode_kernel && a.seq_len == 1 && vec && decode_head_dim_ok<T>(a.head_dim)) {
-    // Out of place only for caches the register copy suits, and with at most 2^32 vectors a (b, head).
+    // Out of place only for caches the register copy suits (decode_copy_max_mib), and of fewer than
+    // 2^31 16-byte vectors each: its copy indexes them in 32 bits.
     const int64_t cache_bytes = copy_elems * int64_t{sizeof(T)};
-    if (a.in_place || (a.cache_len > 0 && a.cache_len * a.head_dim / kWide <= int64_t{UINT32_MAX} &&
-                       cache_bytes <= (int64_t{tune.decode_copy_max_mib} << 20)))
+    if (a.in_place || (a.cache_len > 0 && copy_elems / 2 / kWide < (int64_t{1} << 31) &&
+                       cache_bytes <= (int64_t{std::max(tune.decode_copy_max_mib, 0)} << 20)))
       return launch_decode(a, tune, sms, plan, stream, plan_out, plan_only);
   }
   // At least two warps: out of place, a block splits its warps between token and copy work.
