@@ -200,6 +200,19 @@ __device__ __forceinline__ void head_sum_and_store(T* gcos, T* gsin, int64_t h, 
   if (slot < mask) store_table_segment<T, N, L>(gcos, gsin, h, z, offset);
 }
 
+// A lane's table-gradient sums laid out as head_sum_and_store takes them:
+// [grad_cos lo | grad_cos hi | grad_sin lo | grad_sin hi], N elements each.
+template <int N>
+__device__ __forceinline__ void table_sums(const RopeChunk<N>& gcos, const RopeChunk<N>& gsin, float (&x)[4 * N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    x[i] = gcos.lo[i];
+    x[N + i] = gcos.hi[i];
+    x[2 * N + i] = gsin.lo[i];
+    x[3 * N + i] = gsin.hi[i];
+  }
+}
+
 // Part `part` of token (b, t), whose cache row is r (-1: bad position, outputs zero). With zero_row,
 // the rows r of gk_out / gv_out are zeroed after being read by the same lanes (in-place, or
 // out-of-place with a.token_zeros).
@@ -261,13 +274,7 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
     }
     if (want_tables) {
       float x[4 * kVec];
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        x[i] = gcos.lo[i];
-        x[kVec + i] = gcos.hi[i];
-        x[2 * kVec + i] = gsin.lo[i];
-        x[3 * kVec + i] = gsin.hi[i];
-      }
+      table_sums(gcos, gsin, x);
       T* gcos_row = active && a.grad_cos.data ? a.grad_cos.row(b, t) + i0 : nullptr;
       T* gsin_row = active && a.grad_sin.data ? a.grad_sin.row(b, t) + i0 : nullptr;
       head_sum_and_store<T, kVec, 4 * kVec>(gcos_row, gsin_row, w.half, x, 1, w.slots, slot, 0);

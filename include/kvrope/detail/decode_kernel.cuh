@@ -132,13 +132,7 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
   }
   if (want_tables) {
     float x[4 * kVec];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      x[i] = gcos.lo[i];
-      x[kVec + i] = gcos.hi[i];
-      x[2 * kVec + i] = gsin.lo[i];
-      x[3 * kVec + i] = gsin.hi[i];
-    }
+    table_sums(gcos, gsin, x);
     if (warps > 1) {  // warp 0 adds the other warps' shares (same lane: same chunk pair and slot)
       const int token_threads = warps * 32;
       float4* mine = reinterpret_cast<float4*>(sums) + (warp * 32 + lane) * kVec;
