@@ -304,7 +304,8 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   if (Status s = cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute"); !s) return s;
   if (Status s = cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute"); !s) return s;
   const LaunchTuning tune = tuning ? *tuning : default_tuning(major, minor);
-  if (tune.decode_kernel && a.seq_len == 1 && vec && decode_head_dim_ok<T>(a.head_dim)) {
+  // (H = 0 keeps the fused kernel: its tables may then be null, and the decode kernel reads them first.)
+  if (tune.decode_kernel && a.seq_len == 1 && a.heads > 0 && vec && decode_head_dim_ok<T>(a.head_dim)) {
     // Out of place only for caches the register copy suits (decode_copy_max_mib), and of fewer than
     // 2^31 16-byte vectors each: its copy indexes them in 32 bits.
     const int64_t cache_bytes = copy_elems * int64_t{sizeof(T)};

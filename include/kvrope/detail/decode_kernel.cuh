@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kDecodeMaxBlockThreads) decode_kernel(const Ba
     return;
   }
   KVROPE_TRACE_AT(kTraceRole, 2);
-  if (a.in_place) return;
+  if (a.in_place) return;  // (none: in place, a block is its token's warps and every block has a token)
   // Copy threads numbered past the token warps: block k's start at k x blockDim - (token threads a
   // block) x min(k + 1, token_blocks).
   const uint32_t per_block = 32 * static_cast<uint32_t>(token_warps);
