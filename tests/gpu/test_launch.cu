@@ -1,6 +1,6 @@
 // GPU tests of how the launchers behave: CUDA graph capture and replay on new inputs, concurrent
-// streams, the vector and scalar paths, a cache of more than 2^31 elements, and a grid that a
-// 2-D/3-D launch would overflow.
+// streams, the vector and scalar paths, a cache of more than 2^31 elements, a grid that a 2-D/3-D
+// launch would overflow, every launch tuning, and the decode kernel (S = 1) against the fused one.
 #include <algorithm>
 #include <vector>
 
