@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -787,7 +788,7 @@ __global__ void chain_kernel(const Buffers bufs, int loads, uint4* out, int stor
 }
 
 void run_chain_study() {
-  constexpr int kMaxLoads = 3;  // ChainBuffers::buf
+  constexpr int kMaxLoads = static_cast<int>(std::size(ChainBuffers{}.buf));
   constexpr size_t kBufBytes = size_t{4} << 20;  // separate allocations, as a call's tensors are
   std::vector<DeviceBuffer> bufs;
   ChainBuffers ptrs{};
@@ -1430,7 +1431,10 @@ std::string tuning_json(const kvrope::LaunchTuning& t) {
          std::to_string(t.bulk_chunk_bytes) + ", \"bulk_speculate_large\": " + on(t.bulk_speculate_large) +
          ", \"bulk_share_min_chunks_per_block\": " + std::to_string(t.bulk_share_min_chunks_per_block) +
          ", \"in_place_token_prefetch\": " + std::to_string(t.in_place_token_prefetch) +
-         ", \"in_place_spread_items\": " + on(t.in_place_spread_items) + "}";
+         ", \"in_place_spread_items\": " + on(t.in_place_spread_items) + ", \"decode_kernel\": " +
+         on(t.decode_kernel) + ", \"decode_copy_max_mib\": " + std::to_string(t.decode_copy_max_mib) +
+         ", \"decode_block_threads\": " + std::to_string(t.decode_block_threads) +
+         ", \"decode_token_warps\": " + std::to_string(t.decode_token_warps) + "}";
 }
 
 std::string json_array(const std::vector<double>& v) {

@@ -183,18 +183,18 @@ Status kernel_has_sm90_code(Kernel kernel, int device, bool* out) {
 }
 
 // Blocks of `kernel` resident per SM at this block size; cached per kernel, device and shape since
-// the occupancy query costs a few microseconds of host time.
+// the occupancy query costs a few microseconds of host time. With `allowed_shared` > 0, the first
+// query of a kernel on a device also allows it that much dynamic shared memory (the largest any of
+// its launches asks for, above the default 48 KiB); 0 leaves the default.
 template <typename Kernel>
-Status resident_blocks(Kernel kernel, int device, int block, int shared_bytes, int shared_optin, int* out) {
+Status resident_blocks(Kernel kernel, int device, int block, int shared_bytes, int allowed_shared, int* out) {
   const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, block, shared_bytes);
   return cached_query(key, out, [&](int* blocks) {
-    // Once per kernel and device: allow the largest dynamic shared memory any launch of it asks for,
-    // within what the device allows a block.
-    const int allowed = static_cast<int>(std::min<int64_t>(kMaxSharedBytes, shared_optin));
-    if (Status s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, allowed),
-                               "cudaFuncSetAttribute");
-        !s)
-      return s;
+    if (allowed_shared > 0)
+      if (Status s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, allowed_shared),
+                                 "cudaFuncSetAttribute");
+          !s)
+        return s;
     return cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, block, shared_bytes),
                        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   });
@@ -217,13 +217,13 @@ auto decode_instance(int64_t head_dim, int* instance) {
   });
 }
 
-// The decode kernel (S == 1; BackwardPlan::decode) for `a`, on a vectorized call: fills `plan`
-// (path and vector width already set by the caller) and launches unless `plan_only`. In place: a
-// block of one warp a token. Out of place: warp 0 of the first min(B, grid) blocks does the tokens,
-// and the grid has as many blocks of `block_threads` as the copy can use (kCopyUnroll 16-byte
-// vectors a thread), up to one wave.
+// The decode kernel (S == 1; BackwardPlan::decode) for `a`, on a vectorized call on `device`: fills
+// `plan` (vector width already set by the caller) and launches unless `plan_only`. In place, a block
+// is a token's warps. Out of place, the first warps of the first min(B, grid) blocks do the tokens,
+// and the grid has as many blocks of decode_block_threads as the copy can use (kDecodeCopyPairs
+// pairs of 16-byte vectors a thread), up to one wave.
 template <typename T>
-Status launch_decode(const BackwardArgs<T>& a, const LaunchTuning& tune, int sms, BackwardPlan& plan,
+Status launch_decode(const BackwardArgs<T>& a, const LaunchTuning& tune, int device, int sms, BackwardPlan& plan,
                      cudaStream_t stream, BackwardPlan* plan_out, bool plan_only) {
   constexpr int kWide = 16 / sizeof(T);
   const auto kernel = decode_instance<T>(a.head_dim, &plan.head_dim_instance);
@@ -240,16 +240,8 @@ Status launch_decode(const BackwardArgs<T>& a, const LaunchTuning& tune, int sms
   plan.shared_bytes = decode_sum_bytes<T>(token_warps, a.wants_tables());
   plan.token_warps = a.in_place ? 0 : token_warps;
   plan.token_parts = token_warps;
-  int device = 0, resident = 0;
-  if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
-  if (Status s = cached_query(std::make_tuple(reinterpret_cast<const void*>(kernel), device, plan.block, plan.shared_bytes), &resident,
-                              [&](int* blocks) {
-                                return cuda_status(
-                                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, plan.block, plan.shared_bytes),
-                                    "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-                              });
-      !s)
-    return s;
+  int resident = 0;  // (its shared memory, at most 16 KiB, needs no attribute)
+  if (Status s = resident_blocks(kernel, device, plan.block, plan.shared_bytes, 0, &resident); !s) return s;
   const int64_t grid_max = int64_t{sms} * std::max(1, resident);
   const int64_t vectors = a.in_place ? 0 : 2 * a.batch * a.heads * a.cache_len * a.head_dim / kWide;
   const int64_t per_block = int64_t{plan.block} * 2 * kDecodeCopyPairs;  // vectors a block's round has
@@ -311,7 +303,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     const int64_t cache_bytes = copy_elems * int64_t{sizeof(T)};
     if (a.in_place || (a.cache_len > 0 && copy_elems / 2 / kWide < (int64_t{1} << 31) &&
                        cache_bytes <= (int64_t{std::max(tune.decode_copy_max_mib, 0)} << 20)))
-      return launch_decode(a, tune, sms, plan, stream, plan_out, plan_only);
+      return launch_decode(a, tune, device, sms, plan, stream, plan_out, plan_only);
   }
   // At least two warps: out of place, a block splits its warps between token and copy work.
   plan.block = std::clamp(tune.block_threads / 32 * 32, 64, kMaxBlockThreads);
@@ -329,7 +321,9 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int slack = std::clamp(tune.bulk_store_slack, 1, std::max(1, std::min(stages - 1, kMaxBulkSlack)));
   plan.shared_bytes = static_cast<int>(plan.bulk_copy ? ring_offset + bulk_ring_bytes(stages) : mask_bytes(a.window_rows));
   int resident = 0;
-  if (Status s = resident_blocks(kernel, device, plan.block, plan.shared_bytes, shared_optin, &resident); !s) return s;
+  // The fused kernel: up to the bitmask and the bulk copy's ring, within what the device allows a block.
+  const int allowed_shared = static_cast<int>(std::min<int64_t>(kMaxSharedBytes, shared_optin));
+  if (Status s = resident_blocks(kernel, device, plan.block, plan.shared_bytes, allowed_shared, &resident); !s) return s;
   // One wave: never more blocks than fit on the device at once (the grid is persistent).
   const int64_t grid_max = int64_t{sms} * std::max(1, std::min(tune.blocks_per_sm, resident));
   const int64_t warps = plan.block / 32;
