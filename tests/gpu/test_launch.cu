@@ -71,9 +71,7 @@ TEST_CASE("misaligned pointers and odd strides take the scalar path and stay rig
       cfg.pad_row = c.pad_row;
       Problem<__nv_bfloat16, int64_t> p(cfg);
       BackwardPlan plan;
-      REQUIRE((variant == Variant::kInPlace ? plan_backward(p.device_inplace_params(), &plan)
-                                            : plan_backward(p.device_params(), &plan))
-                  .ok());
+      REQUIRE(p.plan(&plan).ok());
       INFO(cfg.describe());
       CHECK(plan.path == c.expected);
       p.run_and_check();
@@ -264,10 +262,7 @@ TEMPLATE_TEST_CASE("one position a batch (S = 1): the decode kernel, and the fus
         tuning.decode_kernel = on;
         tuning.decode_token_warps = std::max(warps, 0);
         BackwardPlan plan;
-        const bool in_place = cfg.variant == Variant::kInPlace || cfg.variant == Variant::kInPlaceNoTables;
-        REQUIRE((in_place ? plan_backward(p.device_inplace_params(), tuning, &plan)
-                          : plan_backward(p.device_params(), tuning, &plan))
-                    .ok());
+        REQUIRE(p.plan(&plan, &tuning).ok());
         INFO(cfg.describe() << " decode kernel " << on << " warps a token " << plan.token_parts << " grid "
                             << plan.grid << " block " << plan.block);
         CHECK(plan.decode == on);
@@ -287,10 +282,7 @@ TEMPLATE_TEST_CASE("one position a batch (S = 1): the decode kernel, and the fus
   for (const Config& cfg : {large, misaligned, two}) {
     Problem<TestType, int64_t> p(cfg);
     BackwardPlan plan;
-    const bool in_place = cfg.variant == Variant::kInPlace;
-    REQUIRE((in_place ? plan_backward(p.device_inplace_params(), tuning, &plan)
-                      : plan_backward(p.device_params(), tuning, &plan))
-                .ok());
+    REQUIRE(p.plan(&plan, &tuning).ok());
     INFO(cfg.describe());
     CHECK_FALSE(plan.decode);
     p.run_and_check(&tuning);

@@ -311,6 +311,13 @@ struct Problem {
                   : kv_cache_rope_backward(device_params(), stream);
   }
 
+  //! What launch(stream, tuning) would launch (the fused variants; the naive reference has no plan).
+  Status plan(BackwardPlan* out, const LaunchTuning* tuning = nullptr) {
+    if (in_place())
+      return tuning ? plan_backward(device_inplace_params(), *tuning, out) : plan_backward(device_inplace_params(), out);
+    return tuning ? plan_backward(device_params(), *tuning, out) : plan_backward(device_params(), out);
+  }
+
   //! Runs the configured implementation once (with `tuning` when given) and checks everything it
   //! wrote against float64.
   void run_and_check(const LaunchTuning* tuning = nullptr) {
