@@ -1,5 +1,7 @@
 // GPU tests of the backward: fused (out-of-place, in-place, without table gradients) and naive,
 // against the float64 reference, over dtypes, head dims, layouts, position patterns and shapes.
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "support/gpu_problem.cuh"
@@ -57,6 +59,57 @@ TEMPLATE_TEST_CASE("backward on leaderboard case shapes 4, 8, 10, 16", "[gpu][ca
             continue;
           run<TestType, int64_t>(Config{shape, layout, positions, variant, false, seed++});
         }
+}
+
+TEMPLATE_TEST_CASE("a token whose position is out of range has zero outputs whatever its key and tables hold",
+                   "[gpu][range]", __nv_bfloat16, __half, float) {
+  // The out-of-range tokens' key rows are +Inf and their cos / sin rows NaN / -Inf (rows no valid
+  // token reads): their grad_key_states, grad_value_states, grad_cos and grad_sin must still be
+  // zeros (a zero gradient times an infinite input would be NaN), every other output as usual.
+  // S = 1 through the decode kernel and, with it off, the fused one; S > 1 through the fused kernel
+  // (out of place: the bulk copy; in place), BSHD with one table for the batch, and the scalar path.
+  Config configs[] = {
+      {{3, 8, 1, 64, 128}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlace, false, 301},
+      {{3, 8, 1, 64, 128}, Layout::kBHSD, Positions::kOutOfRange, Variant::kInPlace, false, 302},
+      {{2, 8, 7, 64, 128}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlace, false, 303},
+      {{2, 8, 7, 64, 128}, Layout::kBHSD, Positions::kOutOfRange, Variant::kInPlace, false, 304},
+      {{2, 4, 7, 33, 64}, Layout::kBSHD, Positions::kOutOfRange, Variant::kInPlace, true, 305},
+      {{2, 4, 7, 33, 64}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlaceNoTables, false, 306},
+      {{2, 4, 7, 33, 64}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlace, false, 307},
+  };
+  configs[6].offset = 1;  // misaligned: the scalar path
+  for (const Config& cfg : configs)
+    for (const bool decode : {true, false}) {
+      if (!decode && cfg.shape.seq_len != 1) continue;
+      Problem<TestType, int64_t> p(cfg);
+      const Shape& sh = cfg.shape;
+      std::vector<TestType> key = p.key.to_host(), cos = p.cos.to_host(), sin = p.sin.to_host();
+      const TestType inf = from_float<TestType>(INFINITY), ninf = from_float<TestType>(-INFINITY),
+                     nan = from_float<TestType>(NAN);
+      int64_t bad = 0;
+      for (int64_t t = 0; t < sh.seq_len; ++t) {
+        const int64_t r = static_cast<int64_t>(p.host_pos[t]);
+        if (r >= -sh.cache_len && r < sh.cache_len) continue;
+        ++bad;
+        for (int64_t b = 0; b < sh.batch; ++b) {
+          for (int64_t j = 0; j < sh.heads; ++j)
+            std::fill_n(p.heads_view(key.data(), sh.seq_len).row(b, j, t), sh.head_dim, inf);
+          std::fill_n(p.table_view(cos.data()).row(b, t), sh.head_dim, nan);
+          std::fill_n(p.table_view(sin.data()).row(b, t), sh.head_dim, ninf);
+        }
+      }
+      REQUIRE(bad > 0);
+      KVROPE_CUDA_REQUIRE(cudaMemcpy(p.key.get(), key.data(), key.size() * sizeof(TestType), cudaMemcpyHostToDevice));
+      KVROPE_CUDA_REQUIRE(cudaMemcpy(p.cos.get(), cos.data(), cos.size() * sizeof(TestType), cudaMemcpyHostToDevice));
+      KVROPE_CUDA_REQUIRE(cudaMemcpy(p.sin.get(), sin.data(), sin.size() * sizeof(TestType), cudaMemcpyHostToDevice));
+      LaunchTuning tuning = default_tuning(9, 0);
+      tuning.decode_kernel = decode;
+      BackwardPlan plan;
+      REQUIRE(p.plan(&plan, &tuning).ok());
+      INFO(cfg.describe() << " decode kernel " << plan.decode << " path " << static_cast<int>(plan.path));
+      CHECK(plan.decode == (decode && sh.seq_len == 1 && cfg.offset == 0));
+      p.run_and_check(&tuning);
+    }
 }
 
 TEST_CASE("empty problems: B = 0 does nothing, S = 0 still copies the caches", "[gpu]") {

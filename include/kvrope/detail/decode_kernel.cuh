@@ -84,7 +84,7 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
   const RawChunk<T, kVec> cs_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, 0), half, i0);
   const RawChunk<T, kVec> sn_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, 0), half, i0);
   // The first batch's key rows are loaded before the first wait on the position; a later batch's
-  // (more heads than the warps cover in kBatch passes) at its start.
+  // (more heads than the warps cover in kBatch passes) at the end of the one before.
   RawChunk<T, kVec> kr[kBatch];
   auto load_keys = [&](int64_t j0) {
 #pragma unroll
@@ -95,22 +95,41 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
     }
   };
   load_keys(j_first);
+  // The lane's chunk of row 0 of each head of the batch in gK and gV, and the tensors' row strides:
+  // computed before the wait on the position and pinned there (an empty asm, which the wait cannot
+  // pass), so that after the wait only the position's range test and two products stand before
+  // the row loads, not the 64-bit address arithmetic of every head (docs/perf-notes.md, v12).
+  const T* gk_at[kBatch];
+  const T* gv_at[kBatch];
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    gk_at[u] = a.gk.row(b, j_first + u * pass, 0) + i0;
+    gv_at[u] = a.gv.row(b, j_first + u * pass, 0) + i0;
+    asm volatile("" : "+l"(gk_at[u]), "+l"(gv_at[u]));
+  }
+  int64_t gk_ss = a.gk.seq_stride, gv_ss = a.gv.seq_stride;
+  asm volatile("" : "+l"(gk_ss), "+l"(gv_ss));
   const int64_t r = position_row(a, position.take());  // the first wait on the position
   KVROPE_TRACE_DEP(b == blockIdx.x, kTracePosition, r);
   const bool valid = r >= 0;
+  const int64_t gk_row = r * gk_ss, gv_row = r * gv_ss;  // used only when valid
   RopeChunk<kVec> gcos = RopeChunk<kVec>::zeros(), gsin = RopeChunk<kVec>::zeros();
 #pragma unroll 1
   for (int64_t j0 = j_first; j0 < a.heads; j0 += kBatch * pass) {
-    if (j0 != j_first) load_keys(j0);
     RawChunk<T, kVec> gr[kBatch], vr[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int64_t j = j0 + u * pass;
       gr[u] = vr[u] = RawChunk<T, kVec>{V::zeros(), V::zeros()};
       if (valid && j < a.heads) {
-        gr[u] = load_raw<cub::LOAD_CS, kVec>(a.gk.row(b, j, r), half, i0);
-        vr[u] = load_raw<cub::LOAD_CS, kVec>(a.gv.row(b, j, r), half, i0);
+        gr[u] = load_raw<cub::LOAD_CS, kVec>(gk_at[u] + gk_row, half, 0);
+        vr[u] = load_raw<cub::LOAD_CS, kVec>(gv_at[u] + gv_row, half, 0);
       }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      gk_at[u] += kBatch * pass * a.gk.head_stride;
+      gv_at[u] += kBatch * pass * a.gv.head_stride;
     }
     KVROPE_TRACE_DEP(b == blockIdx.x && j0 == j_first, kTraceRowsIssued, 0);
     KVROPE_TRACE_DEP(b == blockIdx.x && j0 == j_first, kTraceRows, gr[0].lo.raw.x);
@@ -120,15 +139,16 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
       const int64_t j = j0 + u * pass;
       if (j >= a.heads) break;
       const RopeChunk<kVec> gf = gr[u].widen();
-      if (want_tables) accumulate_rope_table_grads(gf, kr[u].widen(), gcos, gsin);
+      if (want_tables && valid) accumulate_rope_table_grads(gf, kr[u].widen(), gcos, gsin);
       store_raw<cub::STORE_CS>(a.grad_value.row(b, j, 0), half, i0, vr[u]);
-      store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, 0), half, i0, rope_backward(gf, cs, sn));
+      store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, 0), half, i0, valid ? rope_backward(gf, cs, sn) : RopeChunk<kVec>::zeros());
       if (a.in_place && valid) {  // read above by this lane: the zeros follow its reads
         const RawChunk<T, kVec> zero{V::zeros(), V::zeros()};
         store_raw<cub::STORE_CS>(a.gk_out.row(b, j, r), half, i0, zero);
         store_raw<cub::STORE_CS>(a.gv_out.row(b, j, r), half, i0, zero);
       }
     }
+    if (j0 + kBatch * pass < a.heads) load_keys(j0 + kBatch * pass);  // the next batch's
   }
   if (want_tables) {
     float x[4 * kVec];
@@ -140,7 +160,9 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
 #pragma unroll
         for (int i = 0; i < kVec; ++i) mine[i] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
       }
-      asm volatile("bar.sync 1, %0;" ::"r"(token_threads) : "memory");
+      // (barrier.sync, not bar.sync: lanes of a warp may arrive diverged, after a head loop whose
+      // trip count differs between slots when H is not a multiple of them.)
+      asm volatile("barrier.sync 1, %0;" ::"r"(token_threads) : "memory");
       if (warp == 0) {
         for (int w = 1; w < warps; ++w) {
           const float4* theirs = reinterpret_cast<const float4*>(sums) + (w * 32 + lane) * kVec;
@@ -154,7 +176,7 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
           }
         }
       }
-      asm volatile("bar.sync 1, %0;" ::"r"(token_threads) : "memory");  // read before the next token's writes
+      asm volatile("barrier.sync 1, %0;" ::"r"(token_threads) : "memory");  // read before the next token's writes
     }
     if (warp == 0) {
       T* gcos_row = a.grad_cos.data ? a.grad_cos.row(b, 0) + i0 : nullptr;
