@@ -41,8 +41,6 @@ struct BackwardPlan {
   int bulk_chunk_rows = 0;    //!< with bulk_copy: cache rows per chunk of the copy (fewer than a 32 KiB stage holds for small caches)
   int bulk_speculated_chunks = 0;  //!< with bulk_copy: chunks each block loads before its bitmask exists (when the positions fit one round of the bitmask's loads)
   bool token_zeros = false;   //!< the token warps write the zeros of rows cache_position of the cache-input gradients
-  bool mask_loads_first = false;  //!< with bulk_copy: LaunchTuning::mask_loads_first as applied
-  bool bulk_speculate_after_positions = false;  //!< with speculated chunks: LaunchTuning::bulk_speculate_after_positions as applied
   int token_prefetch = 0;     //!< in-place: LaunchTuning::in_place_token_prefetch as applied (0 where it does not apply: out of place, the scalar path, device code below sm_90)
   bool decode = false;        //!< the kernel for one token a batch (S == 1, LaunchTuning::decode_kernel): no bitmask, a warp per token, out of place a register copy
   bool token_items_spread = false;  //!< in-place: LaunchTuning::in_place_spread_items as applied (a block per item up to one wave, items dealt to the blocks in turn)
@@ -398,10 +396,6 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.token_zeros = tune.token_zeros && speculate > 0 && small_cache;
   plan.token_zeros = args.token_zeros;
   args.mask_late = plan.bulk_copy && tune.mask_after_first_item;
-  args.mask_loads_first = plan.bulk_copy && !args.mask_late && tune.mask_loads_first;
-  args.spec_after_positions = args.mask_loads_first && speculate > 0 && tune.bulk_speculate_after_positions;
-  plan.mask_loads_first = args.mask_loads_first;
-  plan.bulk_speculate_after_positions = args.spec_after_positions;
   args.token_prefetch = a.in_place && sm90_code && vec ? std::clamp(tune.in_place_token_prefetch, 0, 2) : 0;
   plan.token_prefetch = args.token_prefetch;
   args.spread_items = a.in_place && tune.in_place_spread_items;

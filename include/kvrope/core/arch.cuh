@@ -40,15 +40,6 @@ struct LaunchTuning {
   //! position and rows then load ahead of the bitmask's positions), not before. Measured slower on
   //! the H200 (the copy's data then waits behind the token traffic: docs/perf-notes.md, v5), so off.
   bool mask_after_first_item = false;
-  //! With the bulk copy (and mask_after_first_item off): each token warp issues its first round of
-  //! the bitmask's position loads before it clears the bitmask (a barrier among the token warps),
-  //! not after.
-  bool mask_loads_first = false;
-  //! With mask_loads_first and speculated chunks (bulk_speculate_chunks): the copy warp issues its
-  //! speculated loads only once every token warp of its block has issued that first round, so that
-  //! the positions, on which the token work and the copy's stores wait, queue ahead of the copy's
-  //! reads at the DRAM.
-  bool bulk_speculate_after_positions = false;
   //! With the bulk copy and a workspace (BackwardParams::workspace): blocks take the chunks of a
   //! large cache (more than bulk_share_min_chunks_per_block chunks per block, at most 65 536 rows:
   //! one bitmask window) past their first ring's worth from a shared counter at run time; false:

@@ -40,8 +40,6 @@ struct BackwardArgs {
   int bulk_speculate;   // with bulk: chunks each block loads before its bitmask is built (at most bulk_stages)
   bool token_zeros;     // out-of-place: token warps zero rows p of gk_out / gv_out; the copy skips them
   bool mask_late;       // with bulk: token warps add their share of the bitmask after their first item
-  bool mask_loads_first;     // with bulk, not mask_late: LaunchTuning::mask_loads_first
-  bool spec_after_positions; // with mask_loads_first and speculated chunks: LaunchTuning::bulk_speculate_after_positions
   int token_prefetch;   // in-place, sm_90 code, 16-byte rows: LaunchTuning::in_place_token_prefetch (0 to 2)
   bool spread_items;    // in-place, LaunchTuning::in_place_spread_items: the first round's item w is on block w % grid
   int bulk_stages;      // with bulk: stages of the shared-memory ring

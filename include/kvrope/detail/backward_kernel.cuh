@@ -479,47 +479,31 @@ __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim,
   }
 }
 
-// One round of a bitmask's position loads: positions t0, t0 + threads, ... (kMaskLoads of them; the
-// caller's t0 < S), each issued before any arithmetic on one: a range test right after each load
-// waited for it before the next was issued, kMaskLoads round trips where one will do
-// (docs/perf-notes.md, v10). Slots past the last position load position t0 again (a line already
-// asked for) and are dropped by apply_mask_round, so that the loads need no branch between them.
+// Marks the rows [w0, w0 + wlen) written by cache_position in `mask`; sets *repeats when a row is
+// written twice. The caller synchronizes the threads that use the mask around it.
 template <typename T>
-__device__ __forceinline__ void load_mask_round(const BackwardArgs<T>& a, int64_t t0, int threads,
-                                                RawPosition (&raw)[kMaskLoads]) {
-#pragma unroll
-  for (int u = 0; u < kMaskLoads; ++u) {
-    const int64_t t = t0 + u * int64_t{threads};
-    raw[u] = load_position(a, t < a.seq_len ? t : t0);
-  }
-}
-
-// Marks the rows of window [w0, w0 + wlen) that a round of positions (load_mask_round) names; sets
-// *repeats when a row is marked twice.
-template <typename T>
-__device__ __forceinline__ void apply_mask_round(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0, int64_t wlen,
-                                                 int64_t t0, int threads, const RawPosition (&raw)[kMaskLoads],
-                                                 int* repeats) {
-#pragma unroll
-  for (int u = 0; u < kMaskLoads; ++u) {
-    const int64_t r = t0 + u * int64_t{threads} < a.seq_len ? position_row(a, raw[u]) : -1;
-    if (r >= w0 && r < w0 + wlen) {
-      const uint32_t bit = 1u << ((r - w0) & 31);
-      if (atomicOr(&mask[(r - w0) >> 5], bit) & bit) atomicOr(repeats, 1);
-    }
-  }
-}
-
-// Marks the rows [w0, w0 + wlen) written by positions first, first + threads, ... of cache_position
-// in `mask`; sets *repeats when a row is written twice. The caller synchronizes the threads that use
-// the mask around it.
-template <typename T>
-__device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0, int64_t wlen, int64_t first,
+__device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0, int64_t wlen, int thread,
                            int threads, int* repeats) {
-  for (int64_t t0 = first; t0 < a.seq_len; t0 += kMaskLoads * int64_t{threads}) {
-    RawPosition raw[kMaskLoads];
-    load_mask_round(a, t0, threads, raw);
-    apply_mask_round(a, mask, w0, wlen, t0, threads, raw, repeats);
+  constexpr int kLoads = kMaskLoads;
+  for (int64_t t0 = thread; t0 < a.seq_len; t0 += kLoads * int64_t{threads}) {
+    // Every load is issued before any arithmetic on one: a range test right after each load waited
+    // for it before the next was issued, kLoads round trips where one will do (docs/perf-notes.md,
+    // v10). Slots past the last position load position t0 again (a line already asked for) and
+    // are dropped, so that the loads need no branch between them.
+    RawPosition raw[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t t = t0 + u * int64_t{threads};
+      raw[u] = load_position(a, t < a.seq_len ? t : t0);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t r = t0 + u * int64_t{threads} < a.seq_len ? position_row(a, raw[u]) : -1;
+      if (r >= w0 && r < w0 + wlen) {
+        const uint32_t bit = 1u << ((r - w0) & 31);
+        if (atomicOr(&mask[(r - w0) >> 5], bit) & bit) atomicOr(repeats, 1);
+      }
+    }
   }
 }
 
@@ -572,9 +556,6 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   ChunkSource first_chunks_src{};
   if (bulk_warp) {
     bulk_ring_init(ring, lane);
-    // With a.spec_after_positions, the speculated loads wait until every token warp of the block has
-    // issued its first round of the bitmask's positions (barrier 4), so that those queue ahead of them.
-    if (a.spec_after_positions) asm volatile("bar.sync 4, %0;" ::"r"(blockDim.x) : "memory");
     prefetched = bulk_speculate(a, mask, ring, first_range, lane);
     first_chunks_src = first_chunks(a, first_range, lane);
     KVROPE_TRACE_AT(kTraceStart, 0);
@@ -621,25 +602,13 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   const bool masked = !(a.in_place && a.seq_len <= 1);
   if (!bulk_warp && masked) {
     if (threadIdx.x == 0) repeats = 0;
-    // With a.mask_loads_first the token warps issue their first round of the bitmask's positions
-    // before they clear it, and with a.spec_after_positions tell the copy warp so (barrier 4).
-    const bool early = bulk_build && !late && a.mask_loads_first;
-    RawPosition first_round[kMaskLoads];
-    if (early && threadIdx.x < a.seq_len) load_mask_round(a, threadIdx.x, builders, first_round);
-    if (early && a.spec_after_positions) asm volatile("bar.arrive 4, %0;" ::"r"(blockDim.x) : "memory");
     for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += builders) mask[i] = 0;
     if (bulk_build) {
       asm volatile("bar.sync 3, %0;" ::"r"(builders) : "memory");
     } else {
       __syncthreads();
     }
-    const int64_t wlen = row_window(a, 0).wlen;
-    if (early) {
-      if (threadIdx.x < a.seq_len) apply_mask_round(a, mask, 0, wlen, threadIdx.x, builders, first_round, &repeats);
-      build_mask(a, mask, 0, wlen, threadIdx.x + kMaskLoads * int64_t{builders}, builders, &repeats);
-    } else if (!late) {
-      build_mask(a, mask, 0, wlen, threadIdx.x, builders, &repeats);
-    }
+    if (!late) build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats);
   }
   auto arrive_with_mask = [&] {
     if (late) build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats);
