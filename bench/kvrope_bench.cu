@@ -133,8 +133,6 @@ void print_usage() {
       "  --bulk_spec=N               LaunchTuning::bulk_speculate_chunks (chunks loaded before the bitmask)\n"
       "  --token_zeros=0|1           LaunchTuning::token_zeros (token warps write the zeros of rows p)\n"
       "  --mask_late=0|1             LaunchTuning::mask_after_first_item (token warps' bitmask share after their first item)\n"
-      "  --mask_first=0|1            LaunchTuning::mask_loads_first (the bitmask's first position loads before it is cleared)\n"
-      "  --spec_after_pos=0|1        LaunchTuning::bulk_speculate_after_positions (speculated loads after the positions')\n"
       "  --bulk=0|1                  LaunchTuning::bulk_copy (0: the register copy path)\n"
       "  --bulk_share=0|1            LaunchTuning::bulk_share_chunks (blocks share a large cache's chunks at run time)\n"
       "  --bulk_chunk=BYTES          LaunchTuning::bulk_chunk_bytes (most bytes of a chunk of the bulk copy)\n"
@@ -201,8 +199,6 @@ const TuningFlag* tuning_flag(const std::string& key) {
       {"--bulk", nullptr, &T::bulk_copy, 0},
       {"--token_zeros", nullptr, &T::token_zeros, 0},
       {"--mask_late", nullptr, &T::mask_after_first_item, 0},
-      {"--mask_first", nullptr, &T::mask_loads_first, 0},
-      {"--spec_after_pos", nullptr, &T::bulk_speculate_after_positions, 0},
       {"--bulk_share", nullptr, &T::bulk_share_chunks, 0},
       {"--bulk_chunk", &T::bulk_chunk_bytes, nullptr, 4096},
       {"--spec_large", nullptr, &T::bulk_speculate_large, 0},
@@ -1431,8 +1427,6 @@ std::string tuning_json(const kvrope::LaunchTuning& t) {
          ", \"bulk_min_chunks_per_block\": " + std::to_string(t.bulk_min_chunks_per_block) +
          ", \"bulk_speculate_chunks\": " + std::to_string(t.bulk_speculate_chunks) + ", \"token_zeros\": " +
          on(t.token_zeros) + ", \"mask_after_first_item\": " + on(t.mask_after_first_item) +
-         ", \"mask_loads_first\": " + on(t.mask_loads_first) +
-         ", \"bulk_speculate_after_positions\": " + on(t.bulk_speculate_after_positions) +
          ", \"bulk_share_chunks\": " + on(t.bulk_share_chunks) + ", \"bulk_chunk_bytes\": " +
          std::to_string(t.bulk_chunk_bytes) + ", \"bulk_speculate_large\": " + on(t.bulk_speculate_large) +
          ", \"bulk_share_min_chunks_per_block\": " + std::to_string(t.bulk_share_min_chunks_per_block) +

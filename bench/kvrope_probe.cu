@@ -81,8 +81,7 @@ int main(int argc, char** argv) {
   // Launch parameters: the device's defaults, with any of these environment variables changing one
   // (for traces of a variant): KVROPE_SPEC (bulk_speculate_chunks), KVROPE_TOKEN_ZEROS (0/1),
   // KVROPE_MIN_CHUNKS (bulk_min_chunks_per_block), KVROPE_STAGES (bulk_stages), KVROPE_MASK_LATE
-  // (mask_after_first_item, 0/1), KVROPE_MASK_FIRST (mask_loads_first, 0/1), KVROPE_SPEC_AFTER_POS
-  // (bulk_speculate_after_positions, 0/1), KVROPE_SHARE (bulk_share_chunks, 0/1), KVROPE_CHUNK
+  // (mask_after_first_item, 0/1), KVROPE_SHARE (bulk_share_chunks, 0/1), KVROPE_CHUNK
   // (bulk_chunk_bytes), KVROPE_SPEC_LARGE (bulk_speculate_large, 0/1), KVROPE_SHARE_MIN
   // (bulk_share_min_chunks_per_block), KVROPE_IP_PREFETCH (in_place_token_prefetch), KVROPE_IP_SPREAD
   // (in_place_spread_items, 0/1), KVROPE_DECODE (decode_kernel, 0/1), KVROPE_DECODE_WARPS
@@ -101,9 +100,6 @@ int main(int argc, char** argv) {
   tuning.bulk_min_chunks_per_block = env_int("KVROPE_MIN_CHUNKS", tuning.bulk_min_chunks_per_block);
   tuning.bulk_stages = env_int("KVROPE_STAGES", tuning.bulk_stages);
   tuning.mask_after_first_item = env_int("KVROPE_MASK_LATE", tuning.mask_after_first_item) != 0;
-  tuning.mask_loads_first = env_int("KVROPE_MASK_FIRST", tuning.mask_loads_first) != 0;
-  tuning.bulk_speculate_after_positions =
-      env_int("KVROPE_SPEC_AFTER_POS", tuning.bulk_speculate_after_positions) != 0;
   tuning.bulk_share_chunks = env_int("KVROPE_SHARE", tuning.bulk_share_chunks) != 0;
   tuning.bulk_chunk_bytes = env_int("KVROPE_CHUNK", tuning.bulk_chunk_bytes);
   tuning.bulk_speculate_large = env_int("KVROPE_SPEC_LARGE", tuning.bulk_speculate_large) != 0;
