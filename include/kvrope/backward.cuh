@@ -229,19 +229,15 @@ Status launch_decode(const BackwardArgs<T>& a, const LaunchTuning& tune, int dev
   const auto kernel = decode_instance<T>(a.head_dim, &plan.head_dim_instance);
   plan.path = plan.head_dim_instance ? BackwardPath::kCompiledHeadDim : BackwardPath::kGenericVectorized;
   plan.decode = true;
-  // A token's warps: the fewest whose first batch of passes covers its heads (one memory round trip
-  // for its rows), or as asked; out of place the block also has at least one copy warp.
-  const int64_t batch_heads = decode_slots<T>(a.head_dim) * kDecodeBatch;
-  const int64_t fill = (a.heads + batch_heads - 1) / batch_heads;
-  const int token_warps = static_cast<int>(
-      std::clamp<int64_t>(tune.decode_token_warps > 0 ? tune.decode_token_warps : fill, 1, kDecodeMaxTokenWarps));
+  // A token's warps (decode_token_warps); out of place the block also has at least one copy warp.
+  const int token_warps = decode_token_warps<T>(tune.decode_token_warps, a.heads, a.head_dim, a.in_place);
   plan.block = a.in_place ? 32 * token_warps
                           : std::clamp(tune.decode_block_threads / 32 * 32, 32 * (token_warps + 1), kDecodeMaxBlockThreads);
-  plan.shared_bytes = decode_sum_bytes<T>(token_warps, a.wants_tables());
+  plan.shared_bytes = 0;
   plan.token_warps = a.in_place ? 0 : token_warps;
   plan.token_parts = token_warps;
-  int resident = 0;  // (its shared memory, at most 16 KiB, needs no attribute)
-  if (Status s = resident_blocks(kernel, device, plan.block, plan.shared_bytes, 0, &resident); !s) return s;
+  int resident = 0;
+  if (Status s = resident_blocks(kernel, device, plan.block, 0, 0, &resident); !s) return s;
   const int64_t grid_max = int64_t{sms} * std::max(1, resident);
   const int64_t vectors = a.in_place ? 0 : 2 * a.batch * a.heads * a.cache_len * a.head_dim / kWide;
   const int64_t per_block = int64_t{plan.block} * 2 * kDecodeCopyPairs;  // vectors a block's round has
@@ -327,7 +323,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   // One wave: never more blocks than fit on the device at once (the grid is persistent).
   const int64_t grid_max = int64_t{sms} * std::max(1, std::min(tune.blocks_per_sm, resident));
   const int64_t warps = plan.block / 32;
-  const int token_vec = std::min(plan.vec_width, 4);  // kTokenVec
+  const int token_vec = std::min(plan.vec_width, kTokenVecMax);  // kTokenVec
   // Token work needing no copy role beside it (in-place, or no cache rows): split the tokens over
   // as many warps as the device holds, then take the blocks that need.
   const int64_t lone_parts = int64_t{1} << token_parts_log2(tokens, grid_max * warps, a.heads, a.head_dim, token_vec);

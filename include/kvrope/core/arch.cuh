@@ -84,11 +84,12 @@ struct LaunchTuning {
   //! does the tokens, every other thread copies). In place its blocks are one warp, one a token.
   //! 128 on the H200: 3 blocks a SM; 256 (one a SM) made leaderboard case 8 6 % slower, case 12 equal.
   int decode_block_threads = 128;
-  //! The decode kernel's warps a token (1 to 4; 0: the fewest whose loads of the token's rows go out
-  //! in one batch, a warp covering 2 x 32 / (the 16-byte chunks of half a row) heads: 8 for D = 128
-  //! in bf16, so one warp up to H = 8, four from H = 25). On the H200 (H = 8, D = 128, bf16) one warp
-  //! was 5-8 % faster than two and 15-16 % faster than three: the warps' table sums meet in shared
-  //! memory behind a barrier, which costs more than the instructions a second warp takes off the first.
+  //! The decode kernel's warps a token: 1, 2 or 4 (rounded down to a power of two, and at most the
+  //! 16-byte chunks of half a row), each covering a share of the chunks of every head, so that the
+  //! warps of a token never meet; 0: chosen by the kernel's rule (detail::decode_token_warps: in place
+  //! the most that leave no lane without a head, out of place twice that; H = 8, D = 128, bf16: 2 in
+  //! place, 4 out of place). On the H200 these were 5-7 % faster than one warp (docs/perf-notes.md,
+  //! v12; v11's warps split the heads and met behind a barrier, and lost to one warp).
   int decode_token_warps = 0;
 };
 

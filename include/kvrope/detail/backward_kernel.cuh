@@ -22,10 +22,16 @@ namespace kvrope::detail {
 #endif
 inline constexpr int kCopyUnroll = KVROPE_COPY_UNROLL;
 
-// Elements per access of the token work: at most 4 (8 bytes of bf16/fp16, 16 of fp32), so that a
-// lane's chunk pair, its table values and its two head-sum accumulators fit in registers.
+// Elements per access of the token work: at most kTokenVecMax (4: 8 bytes of bf16/fp16, 16 of fp32),
+// so that a lane's chunk pairs, its table values and its two head-sum accumulators fit in registers.
+// Override with -DKVROPE_TOKEN_VEC_MAX=8 (experiments: 16-byte accesses of 16-bit types, with half
+// the head iterations a batch, kTokenBatch).
+#ifndef KVROPE_TOKEN_VEC_MAX
+#define KVROPE_TOKEN_VEC_MAX 4
+#endif
+inline constexpr int kTokenVecMax = KVROPE_TOKEN_VEC_MAX;
 template <typename T, int kVec>
-inline constexpr int kTokenVec = kVec > 4 ? 4 : kVec;
+inline constexpr int kTokenVec = kVec > kTokenVecMax ? kTokenVecMax : kVec;
 
 //! Bytes of dynamic shared memory for a window of `window_rows` rows (one bit each).
 __host__ __device__ inline constexpr int64_t mask_bytes(int64_t window_rows) { return window_rows / 32 * 4; }
@@ -139,9 +145,10 @@ struct TokenLayout {
 // Head iterations of the token work whose loads are issued together, before any of their stores:
 // the stores could alias the next loads as far as the compiler knows, so a load after a store waits
 // for a whole memory round trip. 16-bit T: 4 iterations (for H = 8, D = 128 every head of the token
-// at once); fp32, whose chunks take twice the registers: 2.
-template <typename T>
-inline constexpr int kTokenBatch = sizeof(T) == 4 ? 2 : 4;
+// at once); fp32, whose chunks take twice the registers: 2; half as many with twice the elements an
+// access (kTokenVecMax = 8).
+template <typename T, int kTV>
+inline constexpr int kTokenBatch = (sizeof(T) == 4 ? 2 : 4) / (kTV > 4 ? 2 : 1);
 
 // Stores elements [offset, offset + L) of a lane's table gradients laid out as
 // [grad_cos lo | grad_cos hi | grad_sin lo | grad_sin hi] (N elements each) of its chunk pair, whose
@@ -221,7 +228,7 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
                                               int part, int64_t b, int64_t t, int64_t r, bool zero_row, int lane,
                                               [[maybe_unused]] bool traced = false) {
   using V = Vec<T, kVec>;
-  constexpr int kBatch = kTokenBatch<T>;
+  constexpr int kBatch = kTokenBatch<T, kVec>;
   const bool valid = r >= 0;
   const bool want_tables = a.wants_tables();
   const int g = part * 32 + lane;

@@ -34,15 +34,29 @@ __host__ __device__ inline constexpr bool decode_head_dim_ok(int64_t head_dim) {
 inline constexpr int kDecodeMaxTokenWarps = 4;
 //! Passes of a token warp whose loads the decode kernel issues together.
 inline constexpr int kDecodeBatch = 2;
-//! Heads one warp of the decode kernel covers in a pass: 32 / (the 16-byte chunks of half a row).
+//! The 16-byte chunks of half a row (a power of two, at most 16: decode_head_dim_ok).
 template <typename T>
-inline constexpr int64_t decode_slots(int64_t head_dim) {
-  return 32 / (head_dim / 2 / (16 / int64_t{sizeof(T)}));
+inline constexpr int64_t decode_half_chunks(int64_t head_dim) {
+  return head_dim / 2 / (16 / int64_t{sizeof(T)});
 }
-//! Dynamic shared memory of a decode launch: the table sums of a token's warps past the first.
+//! The warps a token of the decode kernel gets when `asked` for (0: chosen, below): a power of two,
+//! at most kDecodeMaxTokenWarps and at most the chunks of half a row (each warp covers a share of
+//! the chunks of every head). Chosen: in place, the most warps that leave no lane without a head
+//! (a warp with c chunks spreads its lanes over 32 / c heads); out of place, where the token warps
+//! share their SM with copy warps and issue more slowly, twice as many. Measured on the H200 with
+//! H = 8, D = 128 in bf16: in place 2 warps 5 % faster than 1 and 4; out of place 4 warps 7 % faster
+//! than 1 and 2 (leaderboard case 8; docs/perf-notes.md, v12).
 template <typename T>
-inline constexpr int decode_sum_bytes(int token_warps, bool tables) {
-  return token_warps > 1 && tables ? token_warps * 32 * 4 * (16 / static_cast<int>(sizeof(T))) * 4 : 0;
+inline int decode_token_warps(int asked, int64_t heads, int64_t head_dim, bool in_place) {
+  const int64_t chunks = decode_half_chunks<T>(head_dim);
+  int warps = 1;
+  if (asked > 0) {
+    while (warps * 2 <= asked && warps * 2 <= kDecodeMaxTokenWarps && warps * 2 <= chunks) warps *= 2;
+  } else {
+    while (warps * 2 <= kDecodeMaxTokenWarps && warps * 2 <= chunks && 32 * warps * 2 / chunks <= heads) warps *= 2;
+    if (!in_place && warps * 2 <= kDecodeMaxTokenWarps && warps * 2 <= chunks) warps *= 2;
+  }
+  return warps;
 }
 
 // log2 of a power of two (kHeadDim = 0: the head dim read at run time).
@@ -57,29 +71,28 @@ __device__ __forceinline__ int decode_log2(int64_t head_dim) {
   }
 }
 
-// Token b (its only token, t = 0) by the first `warps` warps of a block, 16-byte accesses: lane =
-// chunk x slots + slot covers chunk pair `chunk` (kVec elements of each half of a row) of heads
-// (pass x warps + warp) x slots + slot (slots = 32 / the lanes a row's half takes), so that each
-// warp's share of the head sum of the table gradients is a reduction over the low lane bits (as in
-// the fused kernel, head_sum_and_store); with several warps a token, the others' shares are added by
-// warp 0 through shared memory (`sums`: warps x 32 x 4 kVec floats). More warps give each fewer
-// instructions, which are most of a token's time, but on the H200 their meeting behind a barrier
-// cost more than that saved: one warp for H = 8 (docs/perf-notes.md, v11). The loads that do not
-// depend on the position go first.
+// Token b (its only token, t = 0) by the first `warps` warps of a block (a power of two, at most the
+// chunks of half a row), 16-byte accesses. Warp w covers chunk pairs [w c, (w + 1) c) of every head
+// (c = chunks / warps; a chunk pair is kVec elements of each half of a row): lane = k x slots + slot
+// covers chunk pair w c + k of heads slot, slot + slots, ... (slots = 32 / c), so that the head sum of
+// the table gradients is a reduction over the low lane bits of one warp (as in the fused kernel,
+// head_sum_and_store) and the warps of a token never meet. The loads that do not depend on the
+// position go first.
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b, PositionPrefetch& position, int lane,
-                                             int warp, int warps, float* sums) {
+                                             int warp, int warps) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kBatch = kDecodeBatch;
   using V = Vec<T, kVec>;
   const int64_t half = (kHeadDim > 0 ? kHeadDim : a.head_dim) / 2;
-  // A row's half is 2^(log2 D - 1) elements, 2^(log2 D - 1 - log2 kVec) chunks (at most 32).
-  const int slots_log2 = 5 - (decode_log2<kHeadDim>(a.head_dim) - 1 - decode_log2<kVec>(kVec));
+  // Half a row is 2^(log2 D - 1 - log2 kVec) chunks; a warp has 1 / warps of them.
+  const int warp_chunks_log2 = decode_log2<kHeadDim>(a.head_dim) - 1 - decode_log2<kVec>(kVec) - (31 - __clz(warps));
+  const int slots_log2 = 5 - warp_chunks_log2;
   const int slots = 1 << slots_log2;
   const int slot = lane & (slots - 1);
-  const int64_t i0 = int64_t{lane >> slots_log2} * kVec;
-  const int64_t pass = int64_t{warps} * slots;  // heads a pass of all the token's warps covers
-  const int64_t j_first = int64_t{warp} * slots + slot;
+  const int64_t i0 = int64_t{(warp << warp_chunks_log2) + (lane >> slots_log2)} * kVec;
+  const int64_t pass = slots;  // heads a pass of the warp covers
+  const int64_t j_first = slot;
   const bool want_tables = a.wants_tables();
   const RawChunk<T, kVec> cs_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, 0), half, i0);
   const RawChunk<T, kVec> sn_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(b, 0), half, i0);
@@ -153,36 +166,9 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
   if (want_tables) {
     float x[4 * kVec];
     table_sums(gcos, gsin, x);
-    if (warps > 1) {  // warp 0 adds the other warps' shares (same lane: same chunk pair and slot)
-      const int token_threads = warps * 32;
-      float4* mine = reinterpret_cast<float4*>(sums) + (warp * 32 + lane) * kVec;
-      if (warp != 0) {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) mine[i] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
-      }
-      // (barrier.sync, not bar.sync: lanes of a warp may arrive diverged, after a head loop whose
-      // trip count differs between slots when H is not a multiple of them.)
-      asm volatile("barrier.sync 1, %0;" ::"r"(token_threads) : "memory");
-      if (warp == 0) {
-        for (int w = 1; w < warps; ++w) {
-          const float4* theirs = reinterpret_cast<const float4*>(sums) + (w * 32 + lane) * kVec;
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) {
-            const float4 y = theirs[i];
-            x[4 * i] += y.x;
-            x[4 * i + 1] += y.y;
-            x[4 * i + 2] += y.z;
-            x[4 * i + 3] += y.w;
-          }
-        }
-      }
-      asm volatile("barrier.sync 1, %0;" ::"r"(token_threads) : "memory");  // read before the next token's writes
-    }
-    if (warp == 0) {
-      T* gcos_row = a.grad_cos.data ? a.grad_cos.row(b, 0) + i0 : nullptr;
-      T* gsin_row = a.grad_sin.data ? a.grad_sin.row(b, 0) + i0 : nullptr;
-      head_sum_and_store<T, kVec, 4 * kVec>(gcos_row, gsin_row, half, x, 1, slots, slot, 0);
-    }
+    T* gcos_row = a.grad_cos.data ? a.grad_cos.row(b, 0) + i0 : nullptr;
+    T* gsin_row = a.grad_sin.data ? a.grad_sin.row(b, 0) + i0 : nullptr;
+    head_sum_and_store<T, kVec, 4 * kVec>(gcos_row, gsin_row, half, x, 1, slots, slot, 0);
   }
   if (!valid && warp == 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
 }
@@ -245,11 +231,8 @@ __device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPr
 //! The backward at S == 1 (BackwardPlan::decode). Warps [0, a.decode_token_warps) of blocks
 //! [0, a.decode_token_blocks) do the tokens b = block, block + decode_token_blocks, ...; out of place
 //! every other thread copies. 16-byte accesses only (decode_head_dim_ok, every row 16-byte aligned).
-//! Dynamic shared memory: the token warps' table sums when a token has several warps
-//! (decode_sum_bytes).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kDecodeMaxBlockThreads) decode_kernel(const BackwardArgs<T> a) {
-  extern __shared__ float4 decode_sums[];
   const int lane = threadIdx.x & 31;
   // Every batch's one position, fetched first: each warp copies it into its shared-memory slot
   // (PositionPrefetch), whose arrival only take() waits for. (Loaded into a register, its value was
@@ -264,8 +247,7 @@ __global__ void __launch_bounds__(kDecodeMaxBlockThreads) decode_kernel(const Ba
   if (static_cast<int>(threadIdx.x) < 32 * token_warps && blockIdx.x < token_blocks) {
     KVROPE_TRACE_AT(kTraceRole, 1);
     for (int64_t b = blockIdx.x; b < a.batch; b += token_blocks) {
-      decode_token<T, kHeadDim>(a, b, position, lane, threadIdx.x / 32, token_warps,
-                                reinterpret_cast<float*>(decode_sums));
+      decode_token<T, kHeadDim>(a, b, position, lane, threadIdx.x / 32, token_warps);
       if (b == blockIdx.x) KVROPE_TRACE_AT(kTraceStart, 0);
     }
     return;
