@@ -15,7 +15,7 @@ namespace kvrope::detail {
 
 //! The decode kernel's block size bound (its __launch_bounds__).
 inline constexpr int kDecodeMaxBlockThreads = 256;
-//! Out of place: the (gK, gV) vector pairs each copy thread of the decode kernel has in flight.
+//! Out of place: the (gK, gV) vector pairs of a round of a decode copy thread (two rounds in flight).
 //! Override with -DKVROPE_DECODE_PAIRS=N (experiments).
 #ifndef KVROPE_DECODE_PAIRS
 #define KVROPE_DECODE_PAIRS 4
@@ -173,27 +173,22 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
   if (!valid && warp == 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
 }
 
-// Out of place: copy thread `thread` of `threads` copies the caches to the cache-input gradients
-// 16 bytes at a time, the same vector of gK and of gV together (one index computation for both),
-// writing zeros instead at row p (`position`, read only once the data is in). The warp runs its
-// rounds together (PositionPrefetch::take is a warp-wide step). 32-bit indices: the host takes
-// this kernel only for caches of fewer than 2^31 16-byte vectors.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPrefetch& position, uint32_t thread,
-                                            uint32_t threads) {
-  constexpr int kVec = 16 / sizeof(T);
-  constexpr int kUnroll = kDecodeCopyPairs;
-  using V = Vec<T, kVec>;
-  const int row_log2 = decode_log2<kHeadDim>(a.head_dim) - decode_log2<kVec>(kVec);  // log2(vectors a row)
-  const uint32_t total = static_cast<uint32_t>(a.batch * a.heads) * a.decode_slab_vecs.divisor;
-  int64_t p = -2;  // not read yet
-  for (uint32_t base = thread; __any_sync(0xffffffffu, base < total); base += threads * kUnroll) {
-    V kv[kUnroll], vv[kUnroll];
-    T* kdst[kUnroll];
-    T* vdst[kUnroll];
-    int32_t row[kUnroll];
+// A round of a decode copy thread: kDecodeCopyPairs pairs of 16-byte vectors (the same vector of gK
+// and of gV), loaded, with where they go.
+template <typename T>
+struct DecodeCopyRound {
+  static constexpr int kVec = 16 / sizeof(T);
+  Vec<T, kVec> kv[kDecodeCopyPairs], vv[kDecodeCopyPairs];
+  T* kdst[kDecodeCopyPairs];
+  T* vdst[kDecodeCopyPairs];
+  int32_t row[kDecodeCopyPairs];  // the vector's cache row, -1: none
+
+  // Loads vectors base, base + threads, ... (those below total).
+  template <int kHeadDim>
+  __device__ __forceinline__ void load(const BackwardArgs<T>& a, uint32_t base, uint32_t threads, uint32_t total) {
+    const int row_log2 = decode_log2<kHeadDim>(a.head_dim) - decode_log2<kVec>(kVec);  // log2(vectors a row)
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kDecodeCopyPairs; ++u) {
       const uint32_t i = base + u * threads;
       row[u] = -1;
       if (i < total) {
@@ -210,21 +205,46 @@ __device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPr
         vdst[u] = a.gv_out.row(b, j, s) + col;
       }
     }
-    if (p == -2) {
-      p = position_row(a, position.take());  // the first wait on the position
-      KVROPE_TRACE_DEP(true, kTracePosition, p);
-      KVROPE_TRACE_DEP(true, kTraceFirstData, kv[0].raw.x);
-    }
+  }
+
+  // Stores what load() read, zeros at cache row p.
+  __device__ __forceinline__ void store(int64_t p) const {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kDecodeCopyPairs; ++u) {
       if (row[u] >= 0) {
         const bool zero = row[u] == p;
-        store_vec<cub::STORE_CS>(kdst[u], zero ? V::zeros() : kv[u]);
-        store_vec<cub::STORE_CS>(vdst[u], zero ? V::zeros() : vv[u]);
+        store_vec<cub::STORE_CS>(kdst[u], zero ? Vec<T, kVec>::zeros() : kv[u]);
+        store_vec<cub::STORE_CS>(vdst[u], zero ? Vec<T, kVec>::zeros() : vv[u]);
       }
     }
   }
-  if (p == -2) position.take();  // a warp with nothing to copy: its position's copy has landed before it exits
+};
+
+// Out of place: copy thread `thread` of `threads` copies the caches to the cache-input gradients
+// 16 bytes at a time, the same vector of gK and of gV together (one index computation for both),
+// writing zeros instead at row p (`position`, read only once the first round's data is in). Each
+// round's loads are issued before the stores of the round before (two rounds in registers), so
+// that a thread's rounds overlap instead of each waiting a memory round trip after the last
+// (docs/perf-notes.md, v12). The warp runs its rounds together (PositionPrefetch::take is a
+// warp-wide step). 32-bit indices: the host takes this kernel only for caches of fewer than 2^31
+// 16-byte vectors.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPrefetch& position, uint32_t thread,
+                                            uint32_t threads) {
+  const uint32_t total = static_cast<uint32_t>(a.batch * a.heads) * a.decode_slab_vecs.divisor;
+  const uint32_t step = threads * kDecodeCopyPairs;
+  DecodeCopyRound<T> cur, next;
+  cur.template load<kHeadDim>(a, thread, threads, total);
+  const int64_t p = position_row(a, position.take());  // the first wait on the position
+  KVROPE_TRACE_DEP(true, kTracePosition, p);
+  KVROPE_TRACE_DEP(true, kTraceFirstData, cur.kv[0].raw.x);
+  for (uint32_t base = thread; __any_sync(0xffffffffu, base < total); base += step) {
+    const bool more = __any_sync(0xffffffffu, base + step < total);
+    if (more) next.template load<kHeadDim>(a, base + step, threads, total);
+    cur.store(p);
+    cur = next;
+    if (!more) break;
+  }
   KVROPE_TRACE_AT(kTraceLastStore, 0);
 }
 
