@@ -133,6 +133,33 @@ int main(int argc, char** argv) {
   KVROPE_TOOL_CUDA(cudaEventCreate(&start));
   KVROPE_TOOL_CUDA(cudaEventCreate(&stop));
 #ifdef KVROPE_TRACE
+  // KVROPE_CODE_WARM=1: after each flush, the kernel runs once on a small problem of its own (S = 4,
+  // S_max = 64, B = 1) before the traced launch: the code it runs is then in L2, the traced launch's
+  // data is not (a diagnostic of how much a cold kernel's code fetch costs).
+  const bool code_warm = env_int("KVROPE_CODE_WARM", 0) != 0;
+  const int64_t wS = std::min<int64_t>(4, std::max<int64_t>(S, 1)), wL = 64;
+  auto warm_alloc = [&](size_t n) { return alloc(n, 99); };
+  T *wgk = warm_alloc(H * wL * D), *wgv = warm_alloc(H * wL * D), *wkey = warm_alloc(H * wS * D);
+  T *wcos = warm_alloc(wS * D), *wsin = warm_alloc(wS * D), *wgks = warm_alloc(H * wS * D), *wgvs = warm_alloc(H * wS * D);
+  T *wgcos = warm_alloc(wS * D), *wgsin = warm_alloc(wS * D), *wgk_in = warm_alloc(H * wL * D), *wgv_in = warm_alloc(H * wL * D);
+  kvrope::BackwardInPlaceParams<T> warm_ip;
+  warm_ip.batch = 1, warm_ip.heads = H, warm_ip.seq_len = wS, warm_ip.cache_len = wL, warm_ip.head_dim = D;
+  warm_ip.grad_key_cache = kvrope::bhsd(wgk, H, wL, D);
+  warm_ip.grad_value_cache = kvrope::bhsd(wgv, H, wL, D);
+  warm_ip.key_states = kvrope::bhsd<const T>(wkey, H, wS, D);
+  warm_ip.cos = kvrope::bsd<const T>(wcos, wS, D);
+  warm_ip.sin = kvrope::bsd<const T>(wsin, wS, D);
+  warm_ip.cache_position = pos;  // arange: its first wS positions
+  warm_ip.grad_key_states = kvrope::bhsd(wgks, H, wS, D);
+  warm_ip.grad_value_states = kvrope::bhsd(wgvs, H, wS, D);
+  warm_ip.grad_cos = kvrope::bsd(wgcos, wS, D);
+  warm_ip.grad_sin = kvrope::bsd(wgsin, wS, D);
+  kvrope::BackwardParams<T> warm_op;
+  static_cast<kvrope::BackwardCommon<T, int64_t>&>(warm_op) = warm_ip;
+  warm_op.grad_key_cache = kvrope::bhsd<const T>(wgk, H, wL, D);
+  warm_op.grad_value_cache = kvrope::bhsd<const T>(wgv, H, wL, D);
+  warm_op.grad_key_cache_input = kvrope::bhsd(wgk_in, H, wL, D);
+  warm_op.grad_value_cache_input = kvrope::bhsd(wgv_in, H, wL, D);
   int l2 = 0;
   KVROPE_TOOL_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   void* flush = nullptr;
@@ -146,6 +173,15 @@ int main(int argc, char** argv) {
     KVROPE_TOOL_CUDA(cudaMemcpyToSymbol(kvrope::detail::kvrope_trace, zeros, sizeof(zeros)));
     if (flush_l2) KVROPE_TOOL_CUDA(cudaMemset(flush, i, 2 * size_t(l2)));
     KVROPE_TOOL_CUDA(cudaDeviceSynchronize());
+    if (code_warm) {  // the same kernel instance on a small problem of its own: its code, not this data, into L2
+      if (!(in_place ? kvrope::kv_cache_rope_backward(warm_ip, tuning) : kvrope::kv_cache_rope_backward(warm_op, tuning))) {
+        std::fprintf(stderr, "warm launch failed\n");
+        return 1;
+      }
+      KVROPE_TOOL_CUDA(cudaDeviceSynchronize());
+      KVROPE_TOOL_CUDA(cudaMemcpyToSymbol(kvrope::detail::kvrope_trace, zeros, sizeof(zeros)));
+      KVROPE_TOOL_CUDA(cudaDeviceSynchronize());
+    }
 #endif
     KVROPE_TOOL_CUDA(cudaEventRecord(start));
     const kvrope::Status s =
