@@ -265,9 +265,11 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
             if (want_tables) kr[u] = load_raw<cub::LOAD_CS, kVec>(a.key.row(b, j, t), w.half, i0);
           }
         }
-        const RopeChunk<kVec> cs = cs_raw.widen(), sn = sn_raw.widen();
+        // (The trace's stamps before the widening below: the table loads share a scoreboard with the
+        // row loads, so a stamp after it waited for the rows; the rows_issued stamps of v8-v12 did.)
         KVROPE_TRACE_DEP(traced && c0 == first_c0 && j0 == slot, kTraceRowsIssued, 0);
         KVROPE_TRACE_DEP(traced && c0 == first_c0 && j0 == slot, kTraceRows, gr[0].lo.raw);
+        const RopeChunk<kVec> cs = cs_raw.widen(), sn = sn_raw.widen();
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const int j = j0 + u * w.slots;
