@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
   // (bulk_chunk_bytes), KVROPE_SPEC_LARGE (bulk_speculate_large, 0/1), KVROPE_SHARE_MIN
   // (bulk_share_min_chunks_per_block), KVROPE_IP_PREFETCH (in_place_token_prefetch), KVROPE_IP_SPREAD
   // (in_place_spread_items, 0/1), KVROPE_DECODE (decode_kernel, 0/1), KVROPE_DECODE_WARPS
-  // (decode_token_warps), KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch).
+  // (decode_token_warps), KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch);
+  // the trace build also reads KVROPE_CODE_WARM (below).
   int device = 0, major = 0, minor = 0;
   KVROPE_TOOL_CUDA(cudaGetDevice(&device));
   KVROPE_TOOL_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
