@@ -40,7 +40,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "S must be at most S_max (positions are arange(S))\n");
     return 2;
   }
-  const size_t cache = B * H * L * D, tok = B * H * S * D, tab = B * S * D;
   std::vector<T*> bufs;
   auto alloc = [&](size_t n, uint32_t salt) {
     T* p = nullptr;
@@ -50,33 +49,38 @@ int main(int argc, char** argv) {
     bufs.push_back(p);
     return p;
   };
-  T *gk = alloc(cache, 1), *gv = alloc(cache, 2), *key = alloc(tok, 3), *cos = alloc(tab, 4), *sin = alloc(tab, 5);
-  T *gks = alloc(tok, 6), *gvs = alloc(tok, 7), *gcos = alloc(tab, 8), *gsin = alloc(tab, 9);
-  T *gk_in = in_place ? nullptr : alloc(cache, 10), *gv_in = in_place ? nullptr : alloc(cache, 11);
   std::vector<int64_t> h_pos(S);
   std::iota(h_pos.begin(), h_pos.end(), int64_t{0});
   int64_t* pos = nullptr;
   KVROPE_TOOL_CUDA(cudaMalloc(&pos, std::max<int64_t>(S, 1) * sizeof(int64_t)));
   KVROPE_TOOL_CUDA(cudaMemcpy(pos, h_pos.data(), S * sizeof(int64_t), cudaMemcpyHostToDevice));
-
+  // Buffers of a (b, s, l) problem (contiguous BHSD, positions arange), filled, and both variants'
+  // params over them (`salt` varies the fill; the cache-input gradients only out of place).
+  auto make_problem = [&](int64_t b, int64_t s, int64_t l, uint32_t salt, bool with_cache_grads,
+                          kvrope::BackwardInPlaceParams<T>& ip, kvrope::BackwardParams<T>& op) {
+    const size_t cache = b * H * l * D, tok = b * H * s * D, tab = b * s * D;
+    T *gk = alloc(cache, salt + 1), *gv = alloc(cache, salt + 2), *key = alloc(tok, salt + 3);
+    T *cos = alloc(tab, salt + 4), *sin = alloc(tab, salt + 5);
+    ip.batch = b, ip.heads = H, ip.seq_len = s, ip.cache_len = l, ip.head_dim = D;
+    ip.grad_key_cache = kvrope::bhsd(gk, H, l, D);
+    ip.grad_value_cache = kvrope::bhsd(gv, H, l, D);
+    ip.key_states = kvrope::bhsd<const T>(key, H, s, D);
+    ip.cos = kvrope::bsd<const T>(cos, s, D);
+    ip.sin = kvrope::bsd<const T>(sin, s, D);
+    ip.cache_position = pos;  // arange: its first s positions
+    ip.grad_key_states = kvrope::bhsd(alloc(tok, salt + 6), H, s, D);
+    ip.grad_value_states = kvrope::bhsd(alloc(tok, salt + 7), H, s, D);
+    ip.grad_cos = kvrope::bsd(alloc(tab, salt + 8), s, D);
+    ip.grad_sin = kvrope::bsd(alloc(tab, salt + 9), s, D);
+    static_cast<kvrope::BackwardCommon<T, int64_t>&>(op) = ip;
+    op.grad_key_cache = kvrope::bhsd<const T>(gk, H, l, D);
+    op.grad_value_cache = kvrope::bhsd<const T>(gv, H, l, D);
+    op.grad_key_cache_input = kvrope::bhsd(with_cache_grads ? alloc(cache, salt + 10) : nullptr, H, l, D);
+    op.grad_value_cache_input = kvrope::bhsd(with_cache_grads ? alloc(cache, salt + 11) : nullptr, H, l, D);
+  };
   kvrope::BackwardInPlaceParams<T> ip;
-  ip.batch = B, ip.heads = H, ip.seq_len = S, ip.cache_len = L, ip.head_dim = D;
-  ip.grad_key_cache = kvrope::bhsd(gk, H, L, D);
-  ip.grad_value_cache = kvrope::bhsd(gv, H, L, D);
-  ip.key_states = kvrope::bhsd<const T>(key, H, S, D);
-  ip.cos = kvrope::bsd<const T>(cos, S, D);
-  ip.sin = kvrope::bsd<const T>(sin, S, D);
-  ip.cache_position = pos;
-  ip.grad_key_states = kvrope::bhsd(gks, H, S, D);
-  ip.grad_value_states = kvrope::bhsd(gvs, H, S, D);
-  ip.grad_cos = kvrope::bsd(gcos, S, D);
-  ip.grad_sin = kvrope::bsd(gsin, S, D);
   kvrope::BackwardParams<T> op;
-  static_cast<kvrope::BackwardCommon<T, int64_t>&>(op) = ip;
-  op.grad_key_cache = kvrope::bhsd<const T>(gk, H, L, D);
-  op.grad_value_cache = kvrope::bhsd<const T>(gv, H, L, D);
-  op.grad_key_cache_input = kvrope::bhsd(gk_in, H, L, D);
-  op.grad_value_cache_input = kvrope::bhsd(gv_in, H, L, D);
+  make_problem(B, S, L, 0, !in_place, ip, op);
 
   // Launch parameters: the device's defaults, with any of these environment variables changing one
   // (for traces of a variant): KVROPE_SPEC (bulk_speculate_chunks), KVROPE_TOKEN_ZEROS (0/1),
@@ -138,29 +142,9 @@ int main(int argc, char** argv) {
   // S_max = 64, B = 1) before the traced launch: the code it runs is then in L2, the traced launch's
   // data is not (a diagnostic of how much a cold kernel's code fetch costs).
   const bool code_warm = env_int("KVROPE_CODE_WARM", 0) != 0;
-  const int64_t wS = std::min<int64_t>(4, std::max<int64_t>(S, 1)), wL = 64;
-  auto warm_alloc = [&](size_t n) { return alloc(n, 99); };
-  T *wgk = warm_alloc(H * wL * D), *wgv = warm_alloc(H * wL * D), *wkey = warm_alloc(H * wS * D);
-  T *wcos = warm_alloc(wS * D), *wsin = warm_alloc(wS * D), *wgks = warm_alloc(H * wS * D), *wgvs = warm_alloc(H * wS * D);
-  T *wgcos = warm_alloc(wS * D), *wgsin = warm_alloc(wS * D), *wgk_in = warm_alloc(H * wL * D), *wgv_in = warm_alloc(H * wL * D);
   kvrope::BackwardInPlaceParams<T> warm_ip;
-  warm_ip.batch = 1, warm_ip.heads = H, warm_ip.seq_len = wS, warm_ip.cache_len = wL, warm_ip.head_dim = D;
-  warm_ip.grad_key_cache = kvrope::bhsd(wgk, H, wL, D);
-  warm_ip.grad_value_cache = kvrope::bhsd(wgv, H, wL, D);
-  warm_ip.key_states = kvrope::bhsd<const T>(wkey, H, wS, D);
-  warm_ip.cos = kvrope::bsd<const T>(wcos, wS, D);
-  warm_ip.sin = kvrope::bsd<const T>(wsin, wS, D);
-  warm_ip.cache_position = pos;  // arange: its first wS positions
-  warm_ip.grad_key_states = kvrope::bhsd(wgks, H, wS, D);
-  warm_ip.grad_value_states = kvrope::bhsd(wgvs, H, wS, D);
-  warm_ip.grad_cos = kvrope::bsd(wgcos, wS, D);
-  warm_ip.grad_sin = kvrope::bsd(wgsin, wS, D);
   kvrope::BackwardParams<T> warm_op;
-  static_cast<kvrope::BackwardCommon<T, int64_t>&>(warm_op) = warm_ip;
-  warm_op.grad_key_cache = kvrope::bhsd<const T>(wgk, H, wL, D);
-  warm_op.grad_value_cache = kvrope::bhsd<const T>(wgv, H, wL, D);
-  warm_op.grad_key_cache_input = kvrope::bhsd(wgk_in, H, wL, D);
-  warm_op.grad_value_cache_input = kvrope::bhsd(wgv_in, H, wL, D);
+  if (code_warm) make_problem(1, std::min<int64_t>(4, std::max<int64_t>(S, 1)), 64, 100, true, warm_ip, warm_op);
   int l2 = 0;
   KVROPE_TOOL_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   void* flush = nullptr;
