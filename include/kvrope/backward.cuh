@@ -42,7 +42,7 @@ struct BackwardPlan {
   int bulk_speculated_chunks = 0;  //!< with bulk_copy: chunks each block loads before its bitmask exists (when the positions fit one round of the bitmask's loads)
   bool token_zeros = false;   //!< the token warps write the zeros of rows cache_position of the cache-input gradients
   int token_prefetch = 0;     //!< in-place: LaunchTuning::in_place_token_prefetch as applied (0 where it does not apply: out of place, the scalar path, device code below sm_90)
-  bool decode = false;        //!< the kernel for one token a batch (S == 1, LaunchTuning::decode_kernel): no bitmask, a warp per token, out of place a register copy
+  bool decode = false;        //!< the kernel for one token a batch (S == 1, LaunchTuning::decode_kernel): no bitmask, 1, 2 or 4 warps a token (token_parts), out of place a register copy
   bool token_items_spread = false;  //!< in-place: LaunchTuning::in_place_spread_items as applied (a block per item up to one wave, items dealt to the blocks in turn)
   int64_t bulk_shared_chunks = 0;  //!< chunks the blocks take from the workspace's counter at run time (bulk copy, a workspace, bulk_share_chunks, more than bulk_share_min_chunks_per_block chunks a block and more than the rings hold, one bitmask window; else 0)
 };

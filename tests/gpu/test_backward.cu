@@ -66,8 +66,10 @@ TEMPLATE_TEST_CASE("a token whose position is out of range has zero outputs what
   // The out-of-range tokens' key rows are +Inf and their cos / sin rows NaN / -Inf (rows no valid
   // token reads): their grad_key_states, grad_value_states, grad_cos and grad_sin must still be
   // zeros (a zero gradient times an infinite input would be NaN), every other output as usual.
-  // S = 1 through the decode kernel and, with it off, the fused one; S > 1 through the fused kernel
-  // (out of place: the bulk copy; in place), BSHD with one table for the batch, and the scalar path.
+  // S = 1 through the decode kernel (its warps a token as chosen, one, two, four; BSHD with one
+  // table for the batch, more heads than a pass covers, padded rows) and, with it off, the fused one;
+  // S > 1 through the fused kernel (out of place: the bulk copy; in place), BSHD with one table for
+  // the batch, and the scalar path.
   Config configs[] = {
       {{3, 8, 1, 64, 128}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlace, false, 301},
       {{3, 8, 1, 64, 128}, Layout::kBHSD, Positions::kOutOfRange, Variant::kInPlace, false, 302},
@@ -76,11 +78,18 @@ TEMPLATE_TEST_CASE("a token whose position is out of range has zero outputs what
       {{2, 4, 7, 33, 64}, Layout::kBSHD, Positions::kOutOfRange, Variant::kInPlace, true, 305},
       {{2, 4, 7, 33, 64}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlaceNoTables, false, 306},
       {{2, 4, 7, 33, 64}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlace, false, 307},
+      {{3, 5, 1, 9, 16}, Layout::kBSHD, Positions::kOutOfRange, Variant::kOutOfPlace, true, 308},
+      {{2, 37, 1, 9, 32}, Layout::kBHSD, Positions::kOutOfRange, Variant::kInPlace, false, 309},
+      {{2, 8, 1, 33, 64}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlace, false, 310},
   };
   configs[6].offset = 1;  // misaligned: the scalar path
+  configs[9].pad_row = 8;  // padded rows and heads, still 16-byte aligned
+  configs[9].pad_head = 16;
   for (const Config& cfg : configs)
-    for (const bool decode : {true, false}) {
+    for (const int warps : {-1, 0, 1, 2, 4}) {  // -1: the decode kernel off; else its warps a token
+      const bool decode = warps >= 0;
       if (!decode && cfg.shape.seq_len != 1) continue;
+      if (warps > 0 && cfg.shape.seq_len != 1) continue;
       Problem<TestType, int64_t> p(cfg);
       const Shape& sh = cfg.shape;
       std::vector<TestType> key = p.key.to_host(), cos = p.cos.to_host(), sin = p.sin.to_host();
@@ -104,9 +113,11 @@ TEMPLATE_TEST_CASE("a token whose position is out of range has zero outputs what
       KVROPE_CUDA_REQUIRE(cudaMemcpy(p.sin.get(), sin.data(), sin.size() * sizeof(TestType), cudaMemcpyHostToDevice));
       LaunchTuning tuning = default_tuning(9, 0);
       tuning.decode_kernel = decode;
+      tuning.decode_token_warps = std::max(warps, 0);
       BackwardPlan plan;
       REQUIRE(p.plan(&plan, &tuning).ok());
-      INFO(cfg.describe() << " decode kernel " << plan.decode << " path " << static_cast<int>(plan.path));
+      INFO(cfg.describe() << " decode kernel " << plan.decode << " warps a token " << plan.token_parts << " path "
+                          << static_cast<int>(plan.path));
       CHECK(plan.decode == (decode && sh.seq_len == 1 && cfg.offset == 0));
       p.run_and_check(&tuning);
     }

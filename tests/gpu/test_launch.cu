@@ -238,8 +238,9 @@ TEMPLATE_TEST_CASE("one position a batch (S = 1): the decode kernel, and the fus
   // Both variants, with and without table gradients; head dims with a compiled decode instance
   // (64, 128, 256) and generic ones (16, 32); BSHD and padded rows; a position that wraps, one out
   // of range; more heads than a token's warps cover in one batch of passes (H = 40); more tokens
-  // than the out-of-place grid has blocks (B = 300); int32 positions; one, two and four warps a token. A cache over decode_copy_max_mib, and a misaligned
-  // one, take the fused kernel even with the decode kernel on.
+  // than the out-of-place grid has blocks (B = 300); int32 positions; one, two and four warps a
+  // token. A cache over decode_copy_max_mib, and a misaligned one, take the fused kernel even with
+  // the decode kernel on.
   const Config configs[] = {
       {{5, 8, 1, 300, 128}, Layout::kBHSD, Positions::kArange, Variant::kOutOfPlace, false, 101},
       {{3, 12, 1, 77, 64}, Layout::kBSHD, Positions::kNegative, Variant::kInPlace, true, 102},
@@ -269,6 +270,9 @@ TEMPLATE_TEST_CASE("one position a batch (S = 1): the decode kernel, and the fus
         // A power of two, at most the 16-byte chunks of half a row (each warp takes a share of them).
         const int chunks = static_cast<int>(cfg.shape.head_dim / 2 / (16 / sizeof(TestType)));
         if (warps > 0) CHECK(plan.token_parts == std::min(warps, chunks));
+        // Chosen for H = 8, D = 128 in 16-bit types: 2 in place, 4 out of place (LaunchTuning::decode_token_warps).
+        if (warps == 0 && cfg.shape.heads == 8 && cfg.shape.head_dim == 128 && sizeof(TestType) == 2)
+          CHECK(plan.token_parts == (p.in_place() ? 2 : 4));
         p.run_and_check(&tuning);
         p32.run_and_check(&tuning);
       }

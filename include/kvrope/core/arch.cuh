@@ -73,16 +73,18 @@ struct LaunchTuning {
   //! v10). Out of place, where every block also copies, it made no difference and does not apply.
   bool in_place_spread_items = true;
   //! Calls with one new token a batch (S == 1, a decoding step) on the vectorized path, with a head
-  //! dim whose half is a power of two of 16-byte chunks (D = 64, 128, 256 in bf16 or fp16; D = 32 to
-  //! 256 in fp32 likewise): a kernel of their own, with no bitmask and a short path from its entry
+  //! dim that is a power of two from two 16-byte vectors to 256 (D = 16 to 256 in bf16 or fp16, 8 to
+  //! 256 in fp32): a kernel of their own, with no bitmask and a short path from its entry
   //! to its loads (BackwardPlan::decode). In place always; out of place when both caches together
   //! hold at most decode_copy_max_mib MiB (its copy goes through registers; larger caches keep the
   //! bulk copy). (docs/perf-notes.md, v11.)
   bool decode_kernel = true;
   int decode_copy_max_mib = 64;
-  //! Out of place, the decode kernel's threads per block (64 to 256; warp 0 of the first B blocks
-  //! does the tokens, every other thread copies). In place its blocks are one warp, one a token.
-  //! 128 on the H200: 3 blocks a SM; 256 (one a SM) made leaderboard case 8 6 % slower, case 12 equal.
+  //! Out of place, the decode kernel's threads per block (clamped to one warp more than a token's
+  //! warps, decode_token_warps, and to 256; the first warps of the first B blocks do the tokens,
+  //! every other thread copies). In place its blocks are a token's warps, one a token. With 4 warps
+  //! a token (H = 8, D = 128) the default 128 becomes 160: 2 blocks a SM at 168 registers. On the
+  //! H200 192 and 256 were slower for leaderboard case 8 (3.1-3.4 against 2.85 us; v12).
   int decode_block_threads = 128;
   //! The decode kernel's warps a token: 1, 2 or 4 (rounded down to a power of two, and at most the
   //! 16-byte chunks of half a row), each covering a share of the chunks of every head, so that the

@@ -30,6 +30,8 @@ inline constexpr int kCopyUnroll = KVROPE_COPY_UNROLL;
 #define KVROPE_TOKEN_VEC_MAX 4
 #endif
 inline constexpr int kTokenVecMax = KVROPE_TOKEN_VEC_MAX;
+static_assert(kTokenVecMax == 1 || kTokenVecMax == 2 || kTokenVecMax == 4 || kTokenVecMax == 8,
+              "KVROPE_TOKEN_VEC_MAX must be 1, 2, 4 or 8");
 template <typename T, int kVec>
 inline constexpr int kTokenVec = kVec > kTokenVecMax ? kTokenVecMax : kVec;
 

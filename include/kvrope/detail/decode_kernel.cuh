@@ -15,7 +15,7 @@ namespace kvrope::detail {
 
 //! The decode kernel's block size bound (its __launch_bounds__).
 inline constexpr int kDecodeMaxBlockThreads = 256;
-//! Out of place: the (gK, gV) vector pairs of a round of a decode copy thread (two rounds in flight).
+//! Out of place: the (gK, gV) vector pairs of a round of a decode copy thread (two rounds in registers).
 //! Override with -DKVROPE_DECODE_PAIRS=N (experiments).
 #ifndef KVROPE_DECODE_PAIRS
 #define KVROPE_DECODE_PAIRS 4
@@ -34,18 +34,19 @@ __host__ __device__ inline constexpr bool decode_head_dim_ok(int64_t head_dim) {
 inline constexpr int kDecodeMaxTokenWarps = 4;
 //! Passes of a token warp whose loads the decode kernel issues together.
 inline constexpr int kDecodeBatch = 2;
-//! The 16-byte chunks of half a row (a power of two, at most 16: decode_head_dim_ok).
+//! The 16-byte chunks of half a row (a power of two, at most 32: decode_head_dim_ok).
 template <typename T>
 inline constexpr int64_t decode_half_chunks(int64_t head_dim) {
   return head_dim / 2 / (16 / int64_t{sizeof(T)});
 }
-//! The warps a token of the decode kernel gets when `asked` for (0: chosen, below): a power of two,
-//! at most kDecodeMaxTokenWarps and at most the chunks of half a row (each warp covers a share of
-//! the chunks of every head). Chosen: in place, the most warps that leave no lane without a head
-//! (a warp with c chunks spreads its lanes over 32 / c heads); out of place, where the token warps
-//! share their SM with copy warps and issue more slowly, twice as many. Measured on the H200 with
-//! H = 8, D = 128 in bf16: in place 2 warps 5 % faster than 1 and 4; out of place 4 warps 7 % faster
-//! than 1 and 2 (leaderboard case 8; docs/perf-notes.md, v12).
+//! The warps a token of the decode kernel gets when `asked` for (0 or less: chosen, below): a power
+//! of two, at most kDecodeMaxTokenWarps and at most the chunks of half a row (each warp covers a
+//! share of the chunks of every head). Chosen: in place, doubled from one while the doubled count's
+//! warps still cover no more heads in a pass than the token has (a warp with c chunks covers 32 / c
+//! heads a pass); out of place, where the token warps share their SM with copy warps and issue more
+//! slowly, twice that. Measured on the H200 with H = 8, D = 128 in bf16 (2 in place, 4 out of place):
+//! in place 2 warps 5 % faster than 1 and 4; out of place 4 warps 7 % faster than 1 and 2
+//! (leaderboard case 8; docs/perf-notes.md, v12).
 template <typename T>
 inline int decode_token_warps(int asked, int64_t heads, int64_t head_dim, bool in_place) {
   const int64_t chunks = decode_half_chunks<T>(head_dim);
@@ -223,9 +224,10 @@ struct DecodeCopyRound {
 // Out of place: copy thread `thread` of `threads` copies the caches to the cache-input gradients
 // 16 bytes at a time, the same vector of gK and of gV together (one index computation for both),
 // writing zeros instead at row p (`position`, read only once the first round's data is in). Each
-// round's loads are issued before the stores of the round before (two rounds in registers), so
-// that a thread's rounds overlap instead of each waiting a memory round trip after the last
-// (docs/perf-notes.md, v12). The warp runs its rounds together (PositionPrefetch::take is a
+// round's loads are issued before the stores of the round before (two rounds in registers). ptxas
+// tracks both rounds' loads on one scoreboard, so a round's stores wait for the next round's loads
+// too: one round of loads is in flight at a time, but the first two rounds' loads share one round
+// trip (for leaderboard case 12's 3.2 rounds, 3 round trips instead of 4; docs/perf-notes.md, v12). The warp runs its rounds together (PositionPrefetch::take is a
 // warp-wide step). 32-bit indices: the host takes this kernel only for caches of fewer than 2^31
 // 16-byte vectors.
 template <typename T, int kHeadDim>
@@ -237,7 +239,7 @@ __device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPr
   cur.template load<kHeadDim>(a, thread, threads, total);
   const int64_t p = position_row(a, position.take());  // the first wait on the position
   KVROPE_TRACE_DEP(true, kTracePosition, p);
-  KVROPE_TRACE_DEP(true, kTraceFirstData, cur.kv[0].raw.x);
+  KVROPE_TRACE_DEP(cur.row[0] >= 0, kTraceFirstData, cur.kv[0].raw.x);
   for (uint32_t base = thread; __any_sync(0xffffffffu, base < total); base += step) {
     const bool more = __any_sync(0xffffffffu, base + step < total);
     if (more) next.template load<kHeadDim>(a, base + step, threads, total);
