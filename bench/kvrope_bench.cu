@@ -145,7 +145,7 @@ void print_usage() {
       "  --decode=0|1                LaunchTuning::decode_kernel (S = 1: the decode kernel)\n"
       "  --decode_mib=N              LaunchTuning::decode_copy_max_mib (out of place: caches up to N MiB take it)\n"
       "  --decode_block=N            LaunchTuning::decode_block_threads (out of place: its block size)\n"
-      "  --decode_warps=N            LaunchTuning::decode_token_warps (warps a token; 0: as its heads fill)\n"
+      "  --decode_warps=N            LaunchTuning::decode_token_warps (warps a token, 1/2/4; 0: chosen)\n"
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed share)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"

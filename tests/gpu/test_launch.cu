@@ -149,7 +149,7 @@ TEST_CASE("blocks sharing a large cache's copy through the workspace stay right,
             tuning.bulk_share_chunks = share;
             tuning.bulk_speculate_large = early;
             BackwardPlan plan;
-            REQUIRE(plan_backward(p.device_params(), tuning, &plan).ok());
+            REQUIRE(p.plan(&plan, &tuning).ok());
             INFO("workspace " << workspace << " chunk bytes " << chunk_bytes << " share " << share << " early "
                               << early << " shared chunks " << plan.bulk_shared_chunks << " speculated "
                               << plan.bulk_speculated_chunks);
@@ -195,7 +195,7 @@ TEST_CASE("in-place: every token prefetch mode, items packed or spread, stays ri
         tuning.in_place_spread_items = spread;
         tuning.decode_kernel = false;  // the S = 1 shape takes the fused kernel here (its own test: below)
         BackwardPlan plan;
-        REQUIRE(plan_backward(p.device_inplace_params(), tuning, &plan).ok());
+        REQUIRE(p.plan(&plan, &tuning).ok());
         INFO("in_place_token_prefetch " << mode << " spread " << spread << " grid " << plan.grid << " parts "
                                         << plan.token_parts);
         CHECK(plan.token_prefetch == mode);  // aligned rows, sm_90 code (the GPU tests run on sm_90+)
@@ -223,10 +223,10 @@ TEST_CASE("the in-place token prefetch and item spread apply only where they can
   REQUIRE(tuning.in_place_token_prefetch == 2);
   REQUIRE(tuning.in_place_spread_items);
   BackwardPlan plan;
-  REQUIRE(plan_backward(oop.device_params(), tuning, &plan).ok());
+  REQUIRE(oop.plan(&plan, &tuning).ok());
   CHECK(plan.token_prefetch == 0);
   CHECK_FALSE(plan.token_items_spread);  // out of place: never spread
-  REQUIRE(plan_backward(scalar.device_inplace_params(), tuning, &plan).ok());
+  REQUIRE(scalar.plan(&plan, &tuning).ok());
   CHECK(plan.path == BackwardPath::kGenericScalar);
   CHECK(plan.token_prefetch == 0);
   CHECK(plan.token_items_spread);
