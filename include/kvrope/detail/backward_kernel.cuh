@@ -490,83 +490,31 @@ __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim,
   }
 }
 
-// A round of the bitmask's positions: thread k of the `threads` builders loads positions
-// base + k + u x threads (u < kMaskLoads; base is the round's first position). Every load is issued
-// before any arithmetic on one: a range test right after each load waited for it before the next was
-// issued, kMaskLoads round trips where one will do (docs/perf-notes.md, v10). Slots past the last
-// position load position `base` again (a line already asked for; base < S) and are dropped by
-// mark_round, so that the loads need no branch between them.
-struct MaskRound {
-  RawPosition raw[kMaskLoads];
-};
-
-// The OR of v over the warp's 32 lanes (one instruction from sm_80 on).
-__device__ __forceinline__ uint32_t warp_or(uint32_t v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_or_sync(0xffffffffu, v);
-#else
-  for (int m = 16; m > 0; m >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-#endif
-}
-
-template <typename T>
-__device__ __forceinline__ MaskRound load_mask_round(const BackwardArgs<T>& a, int64_t base, int thread,
-                                                     int threads) {
-  MaskRound m;
-#pragma unroll
-  for (int u = 0; u < kMaskLoads; ++u) {
-    const int64_t t = base + thread + u * int64_t{threads};
-    m.raw[u] = load_position(a, t < a.seq_len ? t : base + (thread & ~31));
-  }
-  return m;
-}
-
-// Marks in `mask` the rows [w0, w0 + wlen) that round `m` (loaded from `base` by load_mask_round)
-// names; sets *repeats when a row is named twice. Called by whole warps (`threads` and `thread - lane`
-// multiples of 32). The lanes of a warp whose rows share the first such lane's mask word (all 32 with
-// positions in order) mark it with one atomic of their bits together; any other lane alone: the
-// atomics of one word by 32 lanes ran one after another (docs/perf-notes.md, v13).
-template <typename T>
-__device__ __forceinline__ void mark_round(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0, int64_t wlen,
-                                           int64_t base, int thread, int threads, const MaskRound& m,
-                                           int* repeats) {
-  const int lane = thread & 31;
-#pragma unroll
-  for (int u = 0; u < kMaskLoads; ++u) {
-    const int64_t t = base + thread + u * int64_t{threads};
-    const int64_t r = t < a.seq_len ? position_row(a, m.raw[u]) : -1;
-    const bool in = r >= w0 && r < w0 + wlen;
-    const unsigned ins = __ballot_sync(0xffffffffu, in);
-    if (ins == 0) continue;
-    const int leader = __ffs(ins) - 1;
-    const int64_t local = in ? r - w0 : 0;
-    const int word = static_cast<int>(local >> 5);
-    const uint32_t bit = 1u << (local & 31);
-    const int lead_word = __shfl_sync(0xffffffffu, word, leader);  // every lane (not after `in &&`)
-    const bool same = in && word == lead_word;
-    const unsigned group = __ballot_sync(0xffffffffu, same);
-    const uint32_t bits = warp_or(same ? bit : 0u);
-    if (lane == leader) {
-      // Already marked, or two lanes of the group on one row: a repeat.
-      if ((atomicOr(&mask[word], bits) & bits) != 0 || __popc(bits) < __popc(group)) atomicOr(repeats, 1);
-    } else if (in && !same) {
-      if (atomicOr(&mask[word], bit) & bit) atomicOr(repeats, 1);
-    }
-  }
-}
-
-// Marks the rows [w0, w0 + wlen) written by cache_position in `mask`, from the round starting at
-// position `from` (a multiple of kMaskLoads x threads: the rounds before it were marked by the
-// caller); sets *repeats when a row is written twice. Called by whole warps; the caller synchronizes
-// the threads that use the mask around it.
+// Marks the rows [w0, w0 + wlen) written by cache_position in `mask`; sets *repeats when a row is
+// written twice. The caller synchronizes the threads that use the mask around it.
 template <typename T>
 __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0, int64_t wlen, int thread,
-                           int threads, int* repeats, int64_t from = 0) {
-  const int64_t warp_first = thread & ~31;
-  for (int64_t base = from; base + warp_first < a.seq_len; base += kMaskLoads * int64_t{threads}) {
-    const MaskRound m = load_mask_round(a, base, thread, threads);
-    mark_round(a, mask, w0, wlen, base, thread, threads, m, repeats);
+                           int threads, int* repeats) {
+  constexpr int kLoads = kMaskLoads;
+  for (int64_t t0 = thread; t0 < a.seq_len; t0 += kLoads * int64_t{threads}) {
+    // Every load is issued before any arithmetic on one: a range test right after each load waited
+    // for it before the next was issued, kLoads round trips where one will do (docs/perf-notes.md,
+    // v10). Slots past the last position load position t0 again (a line already asked for) and
+    // are dropped, so that the loads need no branch between them.
+    RawPosition raw[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t t = t0 + u * int64_t{threads};
+      raw[u] = load_position(a, t < a.seq_len ? t : t0);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t r = t0 + u * int64_t{threads} < a.seq_len ? position_row(a, raw[u]) : -1;
+      if (r >= w0 && r < w0 + wlen) {
+        const uint32_t bit = 1u << ((r - w0) & 31);
+        if (atomicOr(&mask[(r - w0) >> 5], bit) & bit) atomicOr(repeats, 1);
+      }
+    }
   }
 }
 
@@ -664,11 +612,6 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   // In-place, the bitmask only tells whether a row repeats, which one position a batch cannot.
   const bool masked = !(a.in_place && a.seq_len <= 1);
   if (!bulk_warp && masked) {
-    // The first round of the bitmask's positions is loaded before the mask is cleared, so that its
-    // loads leave with the first position's, ahead of the copy warp's (docs/perf-notes.md, v13).
-    const int64_t wlen = row_window(a, 0).wlen;
-    const bool first_round = !late && (threadIdx.x & ~31) < a.seq_len;
-    const MaskRound m = first_round ? load_mask_round(a, 0, threadIdx.x, builders) : MaskRound{};
     if (threadIdx.x == 0) repeats = 0;
     for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += builders) mask[i] = 0;
     if (bulk_build) {
@@ -676,10 +619,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     } else {
       __syncthreads();
     }
-    if (!late) {
-      if (first_round) mark_round(a, mask, 0, wlen, 0, threadIdx.x, builders, m, &repeats);
-      build_mask(a, mask, 0, wlen, threadIdx.x, builders, &repeats, kMaskLoads * int64_t{builders});
-    }
+    if (!late) build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats);
   }
   auto arrive_with_mask = [&] {
     if (late) build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats);
