@@ -253,8 +253,21 @@ __device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPr
 //! The backward at S == 1 (BackwardPlan::decode). Warps [0, a.decode_token_warps) of blocks
 //! [0, a.decode_token_blocks) do the tokens b = block, block + decode_token_blocks, ...; out of place
 //! every other thread copies. 16-byte accesses only (decode_head_dim_ok, every row 16-byte aligned).
+// Blackwell (sm_100 and later): a register cap of its own. Left to the 255 that 256-thread bounds
+// allow, ptxas gives the 16-bit instances 200-222 registers on sm_100a (166-210 on sm_90), so that a
+// block of 5 warps (4 token warps and a copy warp: the out-of-place default for H = 8, D = 128) no
+// longer fits twice in a SM's 64 K registers. 200 fits it twice (5 x 32 x 200 = 32 000), 160 keeps
+// fp32's 3 blocks of 4 warps; neither spills (docs/perf-notes.md, Blackwell). sm_90 keeps the bounds
+// its measured code was built under.
+template <typename T>
+inline constexpr int kDecodeMaxRegsSm100 = sizeof(T) == 4 ? 160 : 200;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define KVROPE_DECODE_BOUNDS __maxnreg__(kDecodeMaxRegsSm100<T>)
+#else
+#define KVROPE_DECODE_BOUNDS __launch_bounds__(kDecodeMaxBlockThreads)
+#endif
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kDecodeMaxBlockThreads) decode_kernel(const BackwardArgs<T> a) {
+__global__ void KVROPE_DECODE_BOUNDS decode_kernel(const BackwardArgs<T> a) {
   const int lane = threadIdx.x & 31;
   // Every batch's one position, fetched first: each warp copies it into its shared-memory slot
   // (PositionPrefetch), whose arrival only take() waits for. (Loaded into a register, its value was
