@@ -13,7 +13,7 @@
 
 namespace kvrope::detail {
 
-//! The decode kernel's block size bound (its __launch_bounds__).
+//! The decode kernel's block size bound (its __launch_bounds__ on sm_90; on sm_100 the launch's clamp).
 inline constexpr int kDecodeMaxBlockThreads = 256;
 //! Out of place: the (gK, gV) vector pairs of a round of a decode copy thread (two rounds in registers).
 //! Override with -DKVROPE_DECODE_PAIRS=N (experiments).
@@ -254,11 +254,12 @@ __device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPr
 //! [0, a.decode_token_blocks) do the tokens b = block, block + decode_token_blocks, ...; out of place
 //! every other thread copies. 16-byte accesses only (decode_head_dim_ok, every row 16-byte aligned).
 // Blackwell (sm_100 and later): a register cap of its own. Left to the 255 that 256-thread bounds
-// allow, ptxas gives the 16-bit instances 200-222 registers on sm_100a (166-210 on sm_90), so that a
+// allow, ptxas gives the 16-bit instances 202-222 registers on sm_100a (162-210 on sm_90), so that a
 // block of 5 warps (4 token warps and a copy warp: the out-of-place default for H = 8, D = 128) no
-// longer fits twice in a SM's 64 K registers. 200 fits it twice (5 x 32 x 200 = 32 000), 160 keeps
-// fp32's 3 blocks of 4 warps; neither spills (docs/perf-notes.md, Blackwell). sm_90 keeps the bounds
-// its measured code was built under.
+// longer fits twice in a SM's 64 K registers. 200 fits it twice (5 x 32 x 200 = 32 000); 160 is what
+// fp32 took anyway. Neither spills (docs/perf-notes.md, Blackwell). sm_90 keeps the bounds its
+// measured code was built under. Either way a block has at most kDecodeMaxBlockThreads threads: the
+// launch clamps it (launch_decode), and the kernel's per-warp slots are sized by it.
 template <typename T>
 inline constexpr int kDecodeMaxRegsSm100 = sizeof(T) == 4 ? 160 : 200;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
@@ -297,5 +298,6 @@ __global__ void KVROPE_DECODE_BOUNDS decode_kernel(const BackwardArgs<T> a) {
   const uint32_t threads = gridDim.x * blockDim.x - per_block * static_cast<uint32_t>(token_blocks);
   decode_copy<T, kHeadDim>(a, position, thread, threads);
 }
+#undef KVROPE_DECODE_BOUNDS
 
 }  // namespace kvrope::detail
