@@ -110,9 +110,7 @@ TEMPLATE_TEST_CASE("a token whose position is out of range has zero outputs what
       KVROPE_CUDA_REQUIRE(cudaMemcpy(p.key.get(), key.data(), key.size() * sizeof(TestType), cudaMemcpyHostToDevice));
       KVROPE_CUDA_REQUIRE(cudaMemcpy(p.cos.get(), cos.data(), cos.size() * sizeof(TestType), cudaMemcpyHostToDevice));
       KVROPE_CUDA_REQUIRE(cudaMemcpy(p.sin.get(), sin.data(), sin.size() * sizeof(TestType), cudaMemcpyHostToDevice));
-      LaunchTuning tuning = default_tuning(9, 0);
-      tuning.decode_kernel = decode;
-      tuning.decode_token_warps = std::max(warps, 0);
+      const LaunchTuning tuning = decode_tuning(warps);
       BackwardPlan plan;
       REQUIRE(p.plan(&plan, &tuning).ok());
       INFO(cfg.describe() << " decode kernel " << plan.decode << " warps a token " << plan.token_parts << " path "

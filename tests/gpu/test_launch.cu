@@ -259,9 +259,7 @@ TEMPLATE_TEST_CASE("one position a batch (S = 1): the decode kernel, and the fus
         const bool on = warps >= 0;
         Problem<TestType, int64_t> p(cfg);
         Problem<TestType, int32_t> p32(cfg);
-        LaunchTuning tuning = default_tuning(9, 0);
-        tuning.decode_kernel = on;
-        tuning.decode_token_warps = std::max(warps, 0);
+        const LaunchTuning tuning = decode_tuning(warps);
         BackwardPlan plan;
         REQUIRE(p.plan(&plan, &tuning).ok());
         INFO(cfg.describe() << " decode kernel " << on << " warps a token " << plan.token_parts << " grid "

@@ -171,6 +171,15 @@ std::vector<Pos> make_positions(Positions pattern, int64_t S, int64_t L, std::mt
   return std::vector<Pos>(p.begin(), p.end());
 }
 
+//! The Hopper defaults with the decode kernel (S = 1) at `warps` warps a token (0: its own choice),
+//! or off (`warps` < 0): the S = 1 tests' axis.
+inline LaunchTuning decode_tuning(int warps) {
+  LaunchTuning tuning = default_tuning(9, 0);
+  tuning.decode_kernel = warps >= 0;
+  tuning.decode_token_warps = std::max(warps, 0);
+  return tuning;
+}
+
 //! A whole problem on the device: inputs, NaN-poisoned outputs, and host copies for the check.
 template <typename T, typename Pos>
 struct Problem {

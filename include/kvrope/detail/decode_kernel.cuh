@@ -50,12 +50,13 @@ inline constexpr int64_t decode_half_chunks(int64_t head_dim) {
 template <typename T>
 inline int decode_token_warps(int asked, int64_t heads, int64_t head_dim, bool in_place) {
   const int64_t chunks = decode_half_chunks<T>(head_dim);
+  const int64_t most = chunks < kDecodeMaxTokenWarps ? chunks : kDecodeMaxTokenWarps;
   int warps = 1;
   if (asked > 0) {
-    while (warps * 2 <= asked && warps * 2 <= kDecodeMaxTokenWarps && warps * 2 <= chunks) warps *= 2;
+    while (warps * 2 <= asked && warps * 2 <= most) warps *= 2;
   } else {
-    while (warps * 2 <= kDecodeMaxTokenWarps && warps * 2 <= chunks && 32 * warps * 2 / chunks <= heads) warps *= 2;
-    if (!in_place && warps * 2 <= kDecodeMaxTokenWarps && warps * 2 <= chunks) warps *= 2;
+    while (warps * 2 <= most && 32 * warps * 2 / chunks <= heads) warps *= 2;
+    if (!in_place && warps * 2 <= most) warps *= 2;
   }
   return warps;
 }
