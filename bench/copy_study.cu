@@ -12,7 +12,11 @@
 // the same span as CUPTI's), median of the calls; the spread of the blocks' end times shows how even
 // the blocks' shares were.
 //
-//   copy_study [MiB=1024] [calls=15]
+// The flush is the protocol's (a write of twice the L2 size, which leaves the L2 full of dirty
+// lines) or, as a diagnostic, a read of the same buffer (clean lines): the difference is what writing
+// back the flush's dirty lines costs a copy that evicts them.
+//
+//   copy_study [MiB=1024] [calls=15] [flush=write|read]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,23 +40,47 @@ __device__ __forceinline__ uint64_t global_ns() {
   return t;
 }
 
-__global__ void vector_copy(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n, uint64_t* times) {
+// The loads and stores of the vector copy: streaming (.cs, evict-first in L1 and L2) where `hints`
+// asks for it, else the default policy.
+__device__ __forceinline__ uint4 vector_load(const uint4* p, int hints) {
+  return (hints & kLoadEvictFirst) ? __ldcs(p) : *p;
+}
+__device__ __forceinline__ void vector_store(uint4* p, uint4 v, int hints) {
+  if (hints & kStoreEvictFirst)
+    __stcs(p, v);
+  else
+    *p = v;
+}
+
+__global__ void vector_copy(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n, int hints,
+                            uint64_t* times) {
   const uint64_t t0 = global_ns();
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   for (; i + 3 * stride < n; i += 4 * stride) {
     uint4 v[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = __ldcs(src + i + u * stride);
+    for (int u = 0; u < 4; ++u) v[u] = vector_load(src + i + u * stride, hints);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) __stcs(dst + i + u * stride, v[u]);
+    for (int u = 0; u < 4; ++u) vector_store(dst + i + u * stride, v[u], hints);
   }
-  for (; i < n; i += stride) __stcs(dst + i, __ldcs(src + i));
+  for (; i < n; i += stride) vector_store(dst + i, vector_load(src + i, hints), hints);
   __syncthreads();
   if (threadIdx.x == 0) {
     times[2 * blockIdx.x] = t0;
     times[2 * blockIdx.x + 1] = global_ns();
   }
+}
+
+// The diagnostic flush: reads every 16 bytes of the buffer (the sum is stored only if it equals a
+// value it never takes, so that the loads stay).
+__global__ void read_flush(const uint4* buf, int64_t n, uint32_t never, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 x = buf[i];
+    acc += x.x ^ x.y ^ x.z ^ x.w;
+  }
+  if (acc == never) *sink = acc;
 }
 
 // Counts the 16-byte words of dst that differ from src.
@@ -202,6 +230,11 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   const int64_t mib = argc > 1 ? std::atoll(argv[1]) : 1024;
   const int calls = argc > 2 ? std::atoi(argv[2]) : 15;
+  const std::string flush_mode = argc > 3 ? argv[3] : "write";
+  if (flush_mode != "write" && flush_mode != "read") {
+    std::fprintf(stderr, "copy_study: the flush is write or read\n");
+    return 2;
+  }
   const int64_t bytes = mib << 20;
   int dev = 0, sms = 0, l2 = 0;
   KVROPE_TOOL_CUDA(cudaGetDevice(&dev));
@@ -229,8 +262,8 @@ int main(int argc, char** argv) {
   KVROPE_TOOL_CUDA(cudaEventCreate(&e0));
   KVROPE_TOOL_CUDA(cudaEventCreate(&e1));
   KVROPE_TOOL_CUDA(cudaFuncSetAttribute(bulk_ring_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
-  std::printf("copy_study: %s, %d SMs, %lld MiB copied (%.3f GB read + written), %d calls each, L2 flushed\n",
-              prop.name, sms, static_cast<long long>(mib), 2e-9 * bytes, calls);
+  std::printf("copy_study: %s, %d SMs, %lld MiB copied (%.3f GB read + written), %d calls each, L2 flushed by a %s\n",
+              prop.name, sms, static_cast<long long>(mib), 2e-9 * bytes, calls, flush_mode.c_str());
   std::printf("%-44s %9s %9s %7s %7s | block end us: %7s %7s %7s\n", "scheme", "span_us", "event_us", "TB/s",
               "x_memcpy", "p10", "p50", "max");
 
@@ -241,7 +274,13 @@ int main(int argc, char** argv) {
     std::vector<double> spans, events, p10, p50, pmax;
     std::vector<uint64_t> t(2 * size_t(std::max(grid, 1)));
     for (int k = 0; k < calls + 1; ++k) {
-      KVROPE_TOOL_CUDA(cudaMemsetAsync(flush, k & 0xff, 2 * size_t(l2)));
+      if (flush_mode == "write") {
+        KVROPE_TOOL_CUDA(cudaMemsetAsync(flush, k & 0xff, 2 * size_t(l2)));
+      } else {
+        read_flush<<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(flush), 2 * int64_t{l2} / 16, 0x9e3779b9u + k,
+                                     reinterpret_cast<uint32_t*>(counter));
+        KVROPE_TOOL_CUDA(cudaGetLastError());
+      }
       KVROPE_TOOL_CUDA(cudaMemsetAsync(counter, 0, sizeof(unsigned long long)));
       KVROPE_TOOL_CUDA(cudaDeviceSynchronize());
       KVROPE_TOOL_CUDA(cudaEventRecord(e0));
@@ -281,20 +320,23 @@ int main(int argc, char** argv) {
   };
 
   timed("cudaMemcpyAsync (events)", 0, [&] { KVROPE_TOOL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
-  for (int per_sm : {4, 8, 16}) {
-    const int grid = sms * per_sm;
-    char name[64];
-    std::snprintf(name, sizeof(name), "vector 16B x4, 256 threads, %d blocks/SM", per_sm);
-    timed(name, grid, [&] {
-      vector_copy<<<grid, 256>>>(reinterpret_cast<const uint4*>(src), reinterpret_cast<uint4*>(dst), bytes / 16, d_times);
-    });
+  const char* hint_name[] = {"", " ef-load", " ef-store", " ef-both"};
+  for (int hints : {3, 0, 1, 2}) {
+    for (int per_sm : {4, 8, 16}) {
+      const int grid = sms * per_sm;
+      char name[80];
+      std::snprintf(name, sizeof(name), "vector 16B x4, 256 threads, %d blocks/SM%s", per_sm, hint_name[hints]);
+      timed(name, grid, [&] {
+        vector_copy<<<grid, 256>>>(reinterpret_cast<const uint4*>(src), reinterpret_cast<uint4*>(dst), bytes / 16,
+                                   hints, d_times);
+      });
+    }
   }
 
   struct Scheme {
     int chunk_kib, stages, slack, per_sm, share, hints;
   };
   const char* share_name[] = {"contiguous", "interleaved", "dynamic"};
-  const char* hint_name[] = {"", " ef-load", " ef-store", " ef-both"};
   std::vector<Scheme> schemes = {
       {32, 6, 2, 1, kContiguous, 0},  // kernel v5's copy warp
       {32, 6, 2, 1, kInterleaved, 0}, {32, 6, 2, 1, kDynamic, 0},

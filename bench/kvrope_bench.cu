@@ -101,6 +101,7 @@ struct Options {
   int64_t warmup = 3;
   bool check = true;
   bool primer = true;
+  bool flush_reads = false;  // --flush=read: the diagnostic flush by reads (clean lines in L2)
   bool chain_study = false;  // --study=chain: the dependent-load chain study instead of the cases
   bool workspace = true;  // the fused variant gets a workspace (BackwardParams::workspace)
   std::vector<Variant> variants{kAllVariants, kAllVariants + 3};
@@ -149,6 +150,8 @@ void print_usage() {
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed share)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
+      "  --flush=write|read          the L2 flush writes its buffer (default: the protocol's) or reads it\n"
+      "                              (diagnostic: no dirty lines for the call to write back)\n"
       "  --primer=0                  no primer kernel between the flush and the call (diagnostic: CUPTI's\n"
       "                              per-flush setup then lands on the call's first launch)\n"
       "  --kvrope_json=PATH          per-case results (default kvrope_bench_results.json)\n");
@@ -262,6 +265,9 @@ Options parse_options(int* argc, char** argv) {
     } else if (key == "--study") {
       if (value != "chain") bad_option(arg, "the study is chain");
       opt.chain_study = true;
+    } else if (key == "--flush") {
+      if (value != "write" && value != "read") bad_option(arg, "the flush is write or read");
+      opt.flush_reads = value == "read";
     } else if (key == "--primer") {
       opt.primer = parse_int(arg, value, 0) != 0;
     } else if (key == "--workspace") {
@@ -440,13 +446,22 @@ __global__ void fill_normal_kernel(T* out, int64_t n, uint64_t seed) {
   }
 }
 
-// Writes every 16 bytes of the buffer with a value that changes per call.
-__global__ void harness_l2_flush_kernel(uint4* buf, int64_t n, uint32_t salt) {
+// Writes every 16 bytes of the buffer with a value that changes per call (the protocol's flush: it
+// leaves the L2 full of dirty lines). With `read` (--flush=read, a diagnostic) it reads them instead,
+// leaving clean lines; the sum is stored only if it equals a value it never takes.
+__global__ void harness_l2_flush_kernel(uint4* buf, int64_t n, uint32_t salt, bool read) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  uint32_t acc = 0;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
     const uint32_t lo = static_cast<uint32_t>(i);
-    buf[i] = make_uint4(salt, lo, ~salt, lo ^ salt);
+    if (read) {
+      const uint4 x = buf[i];
+      acc += x.x ^ x.y ^ x.z ^ x.w;
+    } else {
+      buf[i] = make_uint4(salt, lo, ~salt, lo ^ salt);
+    }
   }
+  if (read && acc == salt) buf[0].x = acc;
 }
 
 __global__ void empty_kernel() {}
@@ -655,7 +670,7 @@ class GpuClock {
   void prepare_and_flush(Prepare&& prepare) {
     prepare(stream_);
     const int64_t n = static_cast<int64_t>(flush_.bytes() / sizeof(uint4));
-    harness_l2_flush_kernel<<<fill_blocks(), 256, 0, stream_>>>(flush_.as<uint4>(), n, ++salt_);
+    harness_l2_flush_kernel<<<fill_blocks(), 256, 0, stream_>>>(flush_.as<uint4>(), n, ++salt_, g_options.flush_reads);
     KVROPE_BENCH_CUDA(cudaGetLastError());
     KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
   }
@@ -1463,7 +1478,8 @@ void write_json(const Summary& s, const std::string& path) {
        ", \"check\": " + (g_options.check ? "true" : "false") + ", \"seed\": " + std::to_string(g_options.seed) + ", \"primer\": " + (g_options.primer ? "true" : "false") +
        ", \"variants\": [" + variants + "], \"clock\": " +
        json_string("CUPTI: first start to last end of the call's kernels, memcpys and memsets; L2 (" +
-                   std::to_string(g_clock->flush_bytes()) + " bytes written) flushed and device synchronized before "
+                   std::to_string(g_clock->flush_bytes()) + (g_options.flush_reads ? " bytes read: --flush=read, not the protocol's" : " bytes written") +
+                   ") flushed and device synchronized before "
                    "each call; statistic: median") +
        ", \"fused_workspace\": " + (g_options.workspace ? "true" : "false") + ", \"launch_tuning\": " +
        (g_options.tuned ? tuning_json(g_options.tuning) : std::string("\"default_tuning\"")) + "},\n";
@@ -1570,11 +1586,12 @@ int main(int argc, char** argv) {
               g_calibration.empty_kernel_us,
               g_calibration.empty_calls, g_calibration.empty_kernel_event_us);
   std::printf("config: dtype %s, H %lld, D %lld, positions %s (int64), %lld timed calls + %lld warm-up per case, "
-              "check %s, L2 flush %.1f MiB, fused workspace %s\n\n",
+              "check %s, L2 flush %.1f MiB %s, fused workspace %s\n\n",
               g_options.dtype.c_str(), static_cast<long long>(g_options.heads),
               static_cast<long long>(g_options.head_dim), g_options.random_positions ? "random" : "arange",
               static_cast<long long>(g_options.iters), static_cast<long long>(g_options.warmup),
               g_options.check ? "on" : "off", static_cast<double>(g_clock->flush_bytes()) / (1 << 20),
+              g_options.flush_reads ? "read (--flush=read: a diagnostic, not the protocol)" : "written",
               g_options.workspace ? "on" : "off");
   if (g_options.chain_study) {
     run_chain_study();

@@ -4,6 +4,7 @@
 //
 //   kvrope_probe B S S_max [variant=fused|inplace] [launches=3] [H=8] [D=128]
 //   ncu --cache-control all -k regex:backward_kernel build/bench/kvrope_probe 1 691 2048
+//   KVROPE_FLUSH=1 ncu --cache-control none ...   (the protocol's flush by writes before each launch)
 // kvrope_probe_trace is the same program built with -DKVROPE_TRACE: L2 flushed before each launch,
 // it prints when the warps of each role started, had their bitmask and finished (global timer).
 #include <kvrope/kvrope.cuh>
@@ -25,6 +26,17 @@ __global__ void probe_fill(T* out, size_t n, uint32_t salt) {
     h ^= h >> 15;
     out[i] = __float2bfloat16(static_cast<float>(h & 0xffff) / 32768.0f - 1.0f);
   }
+}
+
+// The diagnostic flush (KVROPE_FLUSH=2): reads every 16 bytes of the buffer; the sum is stored only
+// if it takes a value it never does (the buffer holds 0x5a bytes), so that the loads stay.
+__global__ void probe_read_flush(const uint4* buf, int64_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 x = buf[i];
+    acc += x.x ^ x.y ^ x.z ^ x.w;
+  }
+  if (acc == 1u) *sink = acc;
 }
 
 int main(int argc, char** argv) {
@@ -89,7 +101,7 @@ int main(int argc, char** argv) {
   // (bulk_chunk_bytes), KVROPE_SPEC_LARGE (bulk_speculate_large, 0/1), KVROPE_SHARE_MIN
   // (bulk_share_min_chunks_per_block), KVROPE_IP_PREFETCH (in_place_token_prefetch), KVROPE_IP_SPREAD
   // (in_place_spread_items, 0/1), KVROPE_DECODE (decode_kernel, 0/1), KVROPE_DECODE_WARPS
-  // (decode_token_warps), KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (0: no L2 flush before a launch);
+  // (decode_token_warps), KVROPE_WORKSPACE (0: no workspace), KVROPE_FLUSH (below);
   // the trace build also reads KVROPE_CODE_WARM (below).
   int device = 0, major = 0, minor = 0;
   KVROPE_TOOL_CUDA(cudaGetDevice(&device));
@@ -113,7 +125,16 @@ int main(int argc, char** argv) {
   tuning.in_place_spread_items = env_int("KVROPE_IP_SPREAD", tuning.in_place_spread_items) != 0;
   tuning.decode_kernel = env_int("KVROPE_DECODE", tuning.decode_kernel) != 0;
   tuning.decode_token_warps = env_int("KVROPE_DECODE_WARPS", tuning.decode_token_warps);
-  const bool flush_l2 = env_int("KVROPE_FLUSH", 1) != 0;  // 0: caches warm (the previous launch's data)
+  // KVROPE_FLUSH: 1 writes a buffer of twice the L2 before each launch (the protocol's flush, which
+  // leaves dirty lines), 2 reads it (a diagnostic: clean lines), 0 none (caches warm with the previous
+  // launch's data). The trace build flushes by default; the plain one not (profilers flush themselves
+  // unless told not to, as `ncu --cache-control none` is).
+#ifdef KVROPE_TRACE
+  const int flush_mode = env_int("KVROPE_FLUSH", 1);
+#else
+  const int flush_mode = env_int("KVROPE_FLUSH", 0);
+#endif
+  const bool flush_l2 = flush_mode != 0;
   if (env_int("KVROPE_WORKSPACE", 1) != 0) {  // zeroed once: the kernel leaves it zero
     KVROPE_TOOL_CUDA(cudaMalloc(&op.workspace, kvrope::kBackwardWorkspaceBytes));
     KVROPE_TOOL_CUDA(cudaMemset(op.workspace, 0, kvrope::kBackwardWorkspaceBytes));
@@ -133,7 +154,8 @@ int main(int argc, char** argv) {
               plan.block, plan.shared_bytes, plan.token_warps, plan.token_parts, static_cast<int>(plan.bulk_copy),
               plan.bulk_chunk_rows, plan.bulk_speculated_chunks, static_cast<int>(plan.token_zeros),
               static_cast<long long>(plan.bulk_shared_chunks), static_cast<int>(plan.token_items_spread),
-              static_cast<int>(plan.decode), flush_l2 ? "" : " (L2 warm)");
+              static_cast<int>(plan.decode),
+              flush_mode == 1 ? " (L2 flushed by writes)" : flush_mode == 2 ? " (L2 flushed by reads)" : " (no flush of its own)");
   cudaEvent_t start, stop;
   KVROPE_TOOL_CUDA(cudaEventCreate(&start));
   KVROPE_TOOL_CUDA(cudaEventCreate(&stop));
@@ -145,19 +167,30 @@ int main(int argc, char** argv) {
   kvrope::BackwardInPlaceParams<T> warm_ip;
   kvrope::BackwardParams<T> warm_op;
   if (code_warm) make_problem(1, std::min<int64_t>(4, std::max<int64_t>(S, 1)), 64, 100, true, warm_ip, warm_op);
+#endif
   int l2 = 0;
   KVROPE_TOOL_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-  void* flush = nullptr;
-  KVROPE_TOOL_CUDA(cudaMalloc(&flush, 2 * size_t(l2)));
-#endif
+  uint4* flush = nullptr;
+  uint32_t* flush_sink = nullptr;
+  if (flush_l2) {
+    KVROPE_TOOL_CUDA(cudaMalloc(&flush, 2 * size_t(l2)));
+    KVROPE_TOOL_CUDA(cudaMalloc(&flush_sink, sizeof(uint32_t)));
+    KVROPE_TOOL_CUDA(cudaMemset(flush, 0x5a, 2 * size_t(l2)));
+  }
   for (int i = 0; i < launches; ++i) {
 #ifdef KVROPE_TRACE
     using kvrope::detail::kTraceEvents;
     using kvrope::detail::kTraceWarps;
     static unsigned long long zeros[kTraceWarps][kTraceEvents];
     KVROPE_TOOL_CUDA(cudaMemcpyToSymbol(kvrope::detail::kvrope_trace, zeros, sizeof(zeros)));
-    if (flush_l2) KVROPE_TOOL_CUDA(cudaMemset(flush, i, 2 * size_t(l2)));
+#endif
+    if (flush_mode == 1) KVROPE_TOOL_CUDA(cudaMemset(flush, i, 2 * size_t(l2)));
+    if (flush_mode == 2) {
+      probe_read_flush<<<1024, 256>>>(flush, 2 * int64_t{l2} / 16, flush_sink);
+      KVROPE_TOOL_CUDA(cudaGetLastError());
+    }
     KVROPE_TOOL_CUDA(cudaDeviceSynchronize());
+#ifdef KVROPE_TRACE
     if (code_warm) {  // the same kernel instance on a small problem of its own: its code, not this data, into L2
       if (!(in_place ? kvrope::kv_cache_rope_backward(warm_ip, tuning) : kvrope::kv_cache_rope_backward(warm_op, tuning))) {
         std::fprintf(stderr, "warm launch failed\n");
@@ -214,6 +247,10 @@ int main(int argc, char** argv) {
 #endif
   }
   for (T* p : bufs) KVROPE_TOOL_CUDA(cudaFree(p));
+  if (flush_l2) {
+    KVROPE_TOOL_CUDA(cudaFree(flush));
+    KVROPE_TOOL_CUDA(cudaFree(flush_sink));
+  }
   KVROPE_TOOL_CUDA(cudaFree(pos));
   return 0;
 }
