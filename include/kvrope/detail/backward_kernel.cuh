@@ -116,6 +116,33 @@ __device__ __forceinline__ void store_raw(T* row, int64_t h, int64_t i0, const R
   store_vec<M>(p + h, c.hi);
 }
 
+// A lane's outputs for its chunk pair of head j of token t (batch b), from that head's gK and gV rows
+// at the token's cache row r and its key row: grad_value_states (the gV row as read), grad_key_states
+// (RoPE's backward of the gK row), the table-gradient terms (added to gcos / gsin when `tables`) and,
+// with `zero_row`, zeros at row r of the cache-input gradients (after this lane's reads of that row).
+// The token paths of the fused and the decode kernel both end a head with it. For a token whose
+// position is out of range the caller passes zero gK and gV rows and no `zero_row`, and sees to it
+// that its grad_key_states and table terms are zeros whatever its inputs hold (a zero gradient times
+// an infinite table would be NaN): the fused kernel does not load its tables and keys then (zeros),
+// the decode kernel, which loads them before it knows, passes `key_ok` and `tables` false.
+template <typename T, int N>
+__device__ __forceinline__ void store_head_outputs(const BackwardArgs<T>& a, int64_t b, int64_t j, int64_t t, int64_t r,
+                                                   int64_t half, int64_t i0, const RawChunk<T, N>& gk_row,
+                                                   const RawChunk<T, N>& gv_row, const RawChunk<T, N>& key_row,
+                                                   const RopeChunk<N>& cs, const RopeChunk<N>& sn, bool key_ok,
+                                                   bool tables, bool zero_row, RopeChunk<N>& gcos, RopeChunk<N>& gsin) {
+  const RopeChunk<N> gf = gk_row.widen();
+  if (tables) accumulate_rope_table_grads(gf, key_row.widen(), gcos, gsin);
+  store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), half, i0, gv_row);
+  store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), half, i0,
+                             key_ok ? rope_backward(gf, cs, sn) : RopeChunk<N>::zeros());
+  if (zero_row) {
+    const RawChunk<T, N> zero{Vec<T, N>::zeros(), Vec<T, N>::zeros()};
+    store_raw<cub::STORE_CS>(a.gk_out.row(b, j, r), half, i0, zero);
+    store_raw<cub::STORE_CS>(a.gv_out.row(b, j, r), half, i0, zero);
+  }
+}
+
 // How the lanes of the warps that share a token ("parts", a power of two: the launch gives a token
 // several warps when tokens are fewer than warps) cover its head rows. Thread g of the token
 // (g = part x 32 + lane) owns chunk pairs c = g / slots, + per_step, ... (N elements of the first
@@ -276,15 +303,8 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
         for (int u = 0; u < kBatch; ++u) {
           const int j = j0 + u * w.slots;
           if (j >= a.heads) break;
-          const RopeChunk<kVec> gf = gr[u].widen();
-          if (want_tables) accumulate_rope_table_grads(gf, kr[u].widen(), gcos, gsin);
-          store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), w.half, i0, vr[u]);
-          store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), w.half, i0, rope_backward(gf, cs, sn));
-          if (zero_row && valid) {
-            const RawChunk<T, kVec> zero{V::zeros(), V::zeros()};
-            store_raw<cub::STORE_CS>(a.gk_out.row(b, j, r), w.half, i0, zero);
-            store_raw<cub::STORE_CS>(a.gv_out.row(b, j, r), w.half, i0, zero);
-          }
+          store_head_outputs(a, b, j, t, r, w.half, i0, gr[u], vr[u], kr[u], cs, sn, true, want_tables,
+                             zero_row && valid, gcos, gsin);
         }
       }
     }

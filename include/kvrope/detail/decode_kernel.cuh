@@ -153,15 +153,8 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
     for (int u = 0; u < kBatch; ++u) {
       const int64_t j = j0 + u * pass;
       if (j >= a.heads) break;
-      const RopeChunk<kVec> gf = gr[u].widen();
-      if (want_tables && valid) accumulate_rope_table_grads(gf, kr[u].widen(), gcos, gsin);
-      store_raw<cub::STORE_CS>(a.grad_value.row(b, j, 0), half, i0, vr[u]);
-      store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, 0), half, i0, valid ? rope_backward(gf, cs, sn) : RopeChunk<kVec>::zeros());
-      if (a.in_place && valid) {  // read above by this lane: the zeros follow its reads
-        const RawChunk<T, kVec> zero{V::zeros(), V::zeros()};
-        store_raw<cub::STORE_CS>(a.gk_out.row(b, j, r), half, i0, zero);
-        store_raw<cub::STORE_CS>(a.gv_out.row(b, j, r), half, i0, zero);
-      }
+      store_head_outputs(a, b, j, 0, r, half, i0, gr[u], vr[u], kr[u], cs, sn, valid, want_tables && valid,
+                         a.in_place && valid, gcos, gsin);
     }
     if (j0 + kBatch * pass < a.heads) load_keys(j0 + kBatch * pass);  // the next batch's
   }
@@ -241,12 +234,12 @@ __device__ __forceinline__ void decode_copy(const BackwardArgs<T>& a, PositionPr
   const int64_t p = position_row(a, position.take());  // the first wait on the position
   KVROPE_TRACE_DEP(true, kTracePosition, p);
   KVROPE_TRACE_DEP(cur.row[0] >= 0, kTraceFirstData, cur.kv[0].raw.x);
-  for (uint32_t base = thread; __any_sync(0xffffffffu, base < total); base += step) {
+  for (uint32_t base = thread;; base += step) {  // (a round past `total` loads and stores nothing)
     const bool more = __any_sync(0xffffffffu, base + step < total);
     if (more) next.template load<kHeadDim>(a, base + step, threads, total);
     cur.store(p);
-    cur = next;
     if (!more) break;
+    cur = next;
   }
   KVROPE_TRACE_AT(kTraceLastStore, 0);
 }
