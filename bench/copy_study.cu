@@ -3,11 +3,13 @@
 // 1.13-1.19 x the floor that cudaMemcpyAsync sets (docs/perf-notes.md, "Copy study"). This program
 // times plain copies of one buffer by each scheme, L2 flushed before each call:
 //   - cudaMemcpyAsync (CUDA events; the floor's reference);
-//   - a vectorized grid-stride copy (16-byte loads and stores, 4 in flight per thread);
+//   - a vectorized grid-stride copy (16-byte loads and stores, 4 in flight per thread), with streaming
+//     (.cs: __ldcs/__stcs, evict-first in L1 and L2) loads and/or stores ("ef-load", "ef-store",
+//     "ef-both") or the default policy (no suffix; before stop 17 the unsuffixed rows were "ef-both");
 //   - the copy warp's scheme (bulk copies through a ring of shared-memory stages, one warp a block),
 //     over: chunk size, ring depth, blocks per SM, how chunks are shared among blocks (contiguous
 //     ranges as in kernel v5, interleaved, or taken at run time from an atomic counter), and L2
-//     evict-first hints on the loads and/or stores.
+//     evict-first hints on the loads and/or stores (here "ef-*" is a createpolicy cache hint).
 // The kernel time is the span from the first block's start to the last block's end (%globaltimer,
 // the same span as CUPTI's), median of the calls; the spread of the blocks' end times shows how even
 // the blocks' shares were.
@@ -254,6 +256,7 @@ int main(int argc, char** argv) {
   KVROPE_TOOL_CUDA(cudaMalloc(&src, bytes));
   KVROPE_TOOL_CUDA(cudaMalloc(&dst, bytes));
   KVROPE_TOOL_CUDA(cudaMalloc(&flush, 2 * size_t(l2)));
+  KVROPE_TOOL_CUDA(cudaMemset(flush, 0x5a, 2 * size_t(l2)));  // defined bytes for the flush by reads
   KVROPE_TOOL_CUDA(cudaMalloc(&counter, sizeof(unsigned long long)));
   KVROPE_TOOL_CUDA(cudaMalloc(&d_times, 2 * sizeof(uint64_t) * max_blocks));
   KVROPE_TOOL_CUDA(cudaMemset(src, 0x5a, bytes));
@@ -264,7 +267,7 @@ int main(int argc, char** argv) {
   KVROPE_TOOL_CUDA(cudaFuncSetAttribute(bulk_ring_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
   std::printf("copy_study: %s, %d SMs, %lld MiB copied (%.3f GB read + written), %d calls each, L2 flushed by a %s\n",
               prop.name, sms, static_cast<long long>(mib), 2e-9 * bytes, calls, flush_mode.c_str());
-  std::printf("%-44s %9s %9s %7s %7s | block end us: %7s %7s %7s\n", "scheme", "span_us", "event_us", "TB/s",
+  std::printf("%-52s %9s %9s %7s %7s | block end us: %7s %7s %7s\n", "scheme", "span_us", "event_us", "TB/s",
               "x_memcpy", "p10", "p50", "max");
 
   double memcpy_us = 0;
@@ -313,7 +316,7 @@ int main(int argc, char** argv) {
     if (wrong) std::printf("%s: %llu of %lld 16-byte words not copied\n", name, wrong, static_cast<long long>(bytes / 16));
     const double ev = median(events), span = grid > 0 ? median(spans) : ev;
     if (memcpy_us == 0) memcpy_us = span;
-    std::printf("%-44s %9.2f %9.2f %7.3f %7.3f", name, span, ev, 2e-6 * bytes / span, span / memcpy_us);
+    std::printf("%-52s %9.2f %9.2f %7.3f %7.3f", name, span, ev, 2e-6 * bytes / span, span / memcpy_us);
     if (grid > 0)
       std::printf(" | %21s %7.2f %7.2f %7.2f", "", median(p10), median(p50), median(pmax));
     std::printf("\n");

@@ -592,6 +592,8 @@ struct Sample {
 class GpuClock {
  public:
   GpuClock(cudaStream_t stream, size_t l2_bytes) : stream_(stream), flush_(std::max<size_t>(2 * l2_bytes, 1 << 20)) {
+    // Written once here, so that a flush by reads (--flush=read) reads defined bytes.
+    KVROPE_BENCH_CUDA(cudaMemset(flush_.as<void>(), 0x5a, flush_.bytes()));
     KVROPE_BENCH_CUDA(cudaEventCreate(&start_));
     KVROPE_BENCH_CUDA(cudaEventCreate(&stop_));
   }
@@ -1476,6 +1478,7 @@ void write_json(const Summary& s, const std::string& path) {
        (g_options.random_positions ? "random" : "arange") + "\", \"position_type\": \"int64\", \"iters\": " +
        std::to_string(g_options.iters) + ", \"warmup\": " + std::to_string(g_options.warmup) +
        ", \"check\": " + (g_options.check ? "true" : "false") + ", \"seed\": " + std::to_string(g_options.seed) + ", \"primer\": " + (g_options.primer ? "true" : "false") +
+       ", \"flush\": \"" + (g_options.flush_reads ? "read" : "write") + "\"" +
        ", \"variants\": [" + variants + "], \"clock\": " +
        json_string("CUPTI: first start to last end of the call's kernels, memcpys and memsets; L2 (" +
                    std::to_string(g_clock->flush_bytes()) + (g_options.flush_reads ? " bytes read: --flush=read, not the protocol's" : " bytes written") +

@@ -134,6 +134,10 @@ int main(int argc, char** argv) {
 #else
   const int flush_mode = env_int("KVROPE_FLUSH", 0);
 #endif
+  if (flush_mode < 0 || flush_mode > 2) {
+    std::fprintf(stderr, "KVROPE_FLUSH is 0 (none), 1 (writes) or 2 (reads)\n");
+    return 2;
+  }
   const bool flush_l2 = flush_mode != 0;
   if (env_int("KVROPE_WORKSPACE", 1) != 0) {  // zeroed once: the kernel leaves it zero
     KVROPE_TOOL_CUDA(cudaMalloc(&op.workspace, kvrope::kBackwardWorkspaceBytes));

@@ -303,8 +303,8 @@ __device__ __forceinline__ void process_token(const BackwardArgs<T>& a, const To
         for (int u = 0; u < kBatch; ++u) {
           const int j = j0 + u * w.slots;
           if (j >= a.heads) break;
-          store_head_outputs(a, b, j, t, r, w.half, i0, gr[u], vr[u], kr[u], cs, sn, true, want_tables,
-                             zero_row && valid, gcos, gsin);
+          store_head_outputs(a, b, j, t, r, w.half, i0, gr[u], vr[u], kr[u], cs, sn, /*key_ok=*/true,
+                             /*tables=*/want_tables, /*zero_row=*/zero_row && valid, gcos, gsin);
         }
       }
     }

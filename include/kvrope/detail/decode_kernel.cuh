@@ -153,8 +153,8 @@ __device__ __forceinline__ void decode_token(const BackwardArgs<T>& a, int64_t b
     for (int u = 0; u < kBatch; ++u) {
       const int64_t j = j0 + u * pass;
       if (j >= a.heads) break;
-      store_head_outputs(a, b, j, 0, r, half, i0, gr[u], vr[u], kr[u], cs, sn, valid, want_tables && valid,
-                         a.in_place && valid, gcos, gsin);
+      store_head_outputs(a, b, j, 0, r, half, i0, gr[u], vr[u], kr[u], cs, sn, /*key_ok=*/valid,
+                         /*tables=*/want_tables && valid, /*zero_row=*/a.in_place && valid, gcos, gsin);
     }
     if (j0 + kBatch * pass < a.heads) load_keys(j0 + kBatch * pass);  // the next batch's
   }
