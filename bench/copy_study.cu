@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cuda_exit.cuh"
+#include "l2_read_flush.cuh"
 
 namespace {
 
@@ -72,17 +73,6 @@ __global__ void vector_copy(const uint4* __restrict__ src, uint4* __restrict__ d
     times[2 * blockIdx.x] = t0;
     times[2 * blockIdx.x + 1] = global_ns();
   }
-}
-
-// The diagnostic flush: reads every 16 bytes of the buffer (the sum is stored only if it equals a
-// value it never takes, so that the loads stay).
-__global__ void read_flush(const uint4* buf, int64_t n, uint32_t never, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const uint4 x = buf[i];
-    acc += x.x ^ x.y ^ x.z ^ x.w;
-  }
-  if (acc == never) *sink = acc;
 }
 
 // Counts the 16-byte words of dst that differ from src.
@@ -280,8 +270,8 @@ int main(int argc, char** argv) {
       if (flush_mode == "write") {
         KVROPE_TOOL_CUDA(cudaMemsetAsync(flush, k & 0xff, 2 * size_t(l2)));
       } else {
-        read_flush<<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(flush), 2 * int64_t{l2} / 16, 0x9e3779b9u + k,
-                                     reinterpret_cast<uint32_t*>(counter));
+        kvrope_tools::l2_read_flush<<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(flush), 2 * int64_t{l2} / 16,
+                                                     0x9e3779b9u + k, reinterpret_cast<uint32_t*>(counter));
         KVROPE_TOOL_CUDA(cudaGetLastError());
       }
       KVROPE_TOOL_CUDA(cudaMemsetAsync(counter, 0, sizeof(unsigned long long)));

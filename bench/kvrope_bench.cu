@@ -30,6 +30,8 @@
 #include <kvrope/reference/cpu_backward.hpp>
 #include <kvrope/reference/naive_backward.cuh>
 
+#include "l2_read_flush.cuh"
+
 // Every CUDA and CUPTI call is checked; a failure is a broken setup, so the bench aborts with its place.
 #define KVROPE_BENCH_CUDA(call) ::kvrope_bench::check_cuda((call), #call, __FILE__, __LINE__)
 #define KVROPE_BENCH_CUPTI(call) ::kvrope_bench::check_cupti((call), #call, __FILE__, __LINE__)
@@ -447,21 +449,20 @@ __global__ void fill_normal_kernel(T* out, int64_t n, uint64_t seed) {
 }
 
 // Writes every 16 bytes of the buffer with a value that changes per call (the protocol's flush: it
-// leaves the L2 full of dirty lines). With `read` (--flush=read, a diagnostic) it reads them instead,
-// leaving clean lines; the sum is stored only if it equals a value it never takes.
+// leaves the L2 full of dirty lines). With `read` (--flush=read, a diagnostic) it reads them instead
+// (l2_read_flush.cuh), leaving clean lines; the sum (0 for the buffer's 0x5a bytes) is stored only if
+// it equals the salt (1 and up), so that the loads stay. (One kernel either way: the bench knows its
+// flush's activity record by this kernel's name.)
 __global__ void harness_l2_flush_kernel(uint4* buf, int64_t n, uint32_t salt, bool read) {
+  if (read) {
+    if (kvrope_tools::read_sweep(buf, n) == salt) buf[0].x = salt;
+    return;
+  }
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  uint32_t acc = 0;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
     const uint32_t lo = static_cast<uint32_t>(i);
-    if (read) {
-      const uint4 x = buf[i];
-      acc += x.x ^ x.y ^ x.z ^ x.w;
-    } else {
-      buf[i] = make_uint4(salt, lo, ~salt, lo ^ salt);
-    }
+    buf[i] = make_uint4(salt, lo, ~salt, lo ^ salt);
   }
-  if (read && acc == salt) buf[0].x = acc;
 }
 
 __global__ void empty_kernel() {}

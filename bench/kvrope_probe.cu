@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda_exit.cuh"
+#include "l2_read_flush.cuh"
 
 using T = __nv_bfloat16;
 
@@ -26,17 +27,6 @@ __global__ void probe_fill(T* out, size_t n, uint32_t salt) {
     h ^= h >> 15;
     out[i] = __float2bfloat16(static_cast<float>(h & 0xffff) / 32768.0f - 1.0f);
   }
-}
-
-// The diagnostic flush (KVROPE_FLUSH=2): reads every 16 bytes of the buffer; the sum is stored only
-// if it takes a value it never does (the buffer holds 0x5a bytes), so that the loads stay.
-__global__ void probe_read_flush(const uint4* buf, int64_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const uint4 x = buf[i];
-    acc += x.x ^ x.y ^ x.z ^ x.w;
-  }
-  if (acc == 1u) *sink = acc;
 }
 
 int main(int argc, char** argv) {
@@ -190,7 +180,7 @@ int main(int argc, char** argv) {
 #endif
     if (flush_mode == 1) KVROPE_TOOL_CUDA(cudaMemset(flush, i, 2 * size_t(l2)));
     if (flush_mode == 2) {
-      probe_read_flush<<<1024, 256>>>(flush, 2 * int64_t{l2} / 16, flush_sink);
+      kvrope_tools::l2_read_flush<<<1024, 256>>>(flush, 2 * int64_t{l2} / 16, 1u, flush_sink);  // (0x5a bytes: sum 0)
       KVROPE_TOOL_CUDA(cudaGetLastError());
     }
     KVROPE_TOOL_CUDA(cudaDeviceSynchronize());

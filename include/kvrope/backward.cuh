@@ -233,11 +233,11 @@ Status launch_decode(const BackwardArgs<T>& a, const LaunchTuning& tune, int dev
   const int token_warps = decode_token_warps<T>(tune.decode_token_warps, a.heads, a.head_dim, a.in_place);
   plan.block = a.in_place ? 32 * token_warps
                           : std::clamp(tune.decode_block_threads / 32 * 32, 32 * (token_warps + 1), kDecodeMaxBlockThreads);
-  plan.shared_bytes = 0;
+  plan.shared_bytes = 0;  // (the kernel's position slots are static shared memory)
   plan.token_warps = a.in_place ? 0 : token_warps;
   plan.token_parts = token_warps;
   int resident = 0;
-  if (Status s = resident_blocks(kernel, device, plan.block, 0, 0, &resident); !s) return s;
+  if (Status s = resident_blocks(kernel, device, plan.block, plan.shared_bytes, 0, &resident); !s) return s;
   const int64_t grid_max = int64_t{sms} * std::max(1, resident);
   const int64_t vectors = a.in_place ? 0 : 2 * a.batch * a.heads * a.cache_len * a.head_dim / kWide;
   const int64_t per_block = int64_t{plan.block} * 2 * kDecodeCopyPairs;  // vectors a block's round has
