@@ -149,6 +149,8 @@ void print_usage() {
       "  --decode_mib=N              LaunchTuning::decode_copy_max_mib (out of place: caches up to N MiB take it)\n"
       "  --decode_block=N            LaunchTuning::decode_block_threads (out of place: its block size)\n"
       "  --decode_warps=N            LaunchTuning::decode_token_warps (warps a token, 1/2/4; 0: chosen)\n"
+      "  --token_parts=N             LaunchTuning::token_parts (the fused kernel's warps a token, 1/2/4/8; 0: chosen)\n"
+      "  --spec_rounds=N             LaunchTuning::bulk_speculate_mask_rounds (speculate when the bitmask takes <= N rounds)\n"
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed share)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
@@ -214,6 +216,8 @@ const TuningFlag* tuning_flag(const std::string& key) {
       {"--decode_mib", &T::decode_copy_max_mib, nullptr, 0},
       {"--decode_block", &T::decode_block_threads, nullptr, 64},
       {"--decode_warps", &T::decode_token_warps, nullptr, 0},
+      {"--token_parts", &T::token_parts, nullptr, 0},
+      {"--spec_rounds", &T::bulk_speculate_mask_rounds, nullptr, 1},
   };
   for (const TuningFlag& f : flags)
     if (key == f.name) return &f;
@@ -1452,7 +1456,9 @@ std::string tuning_json(const kvrope::LaunchTuning& t) {
          ", \"in_place_spread_items\": " + on(t.in_place_spread_items) + ", \"decode_kernel\": " +
          on(t.decode_kernel) + ", \"decode_copy_max_mib\": " + std::to_string(t.decode_copy_max_mib) +
          ", \"decode_block_threads\": " + std::to_string(t.decode_block_threads) +
-         ", \"decode_token_warps\": " + std::to_string(t.decode_token_warps) + "}";
+         ", \"decode_token_warps\": " + std::to_string(t.decode_token_warps) +
+         ", \"token_parts\": " + std::to_string(t.token_parts) +
+         ", \"bulk_speculate_mask_rounds\": " + std::to_string(t.bulk_speculate_mask_rounds) + "}";
 }
 
 std::string json_array(const std::vector<double>& v) {

@@ -326,7 +326,21 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int token_vec = std::min(plan.vec_width, kTokenVecMax);  // kTokenVec
   // Token work needing no copy role beside it (in-place, or no cache rows): split the tokens over
   // as many warps as the device holds, then take the blocks that need.
-  const int64_t lone_parts = int64_t{1} << token_parts_log2(tokens, grid_max * warps, a.heads, a.head_dim, token_vec);
+  // Warps a token (log2): LaunchTuning::token_parts, or as many as `warps_total` token warps allow
+  // (token_parts_log2). In place, where every warp does token work, a token is split only while its
+  // warps fit one a SM: more warps on an SM slow one another on the way to their loads, and on the
+  // H200 one warp a token was 2-10 % faster than two or four where those filled the SMs
+  // (docs/perf-notes.md, v15).
+  auto parts_log2_for = [&](int64_t warps_total) {
+    if (tune.token_parts > 0) {
+      int log2 = 0;
+      while (log2 < 3 && (2 << log2) <= tune.token_parts) ++log2;
+      return log2;
+    }
+    const int64_t split_warps = a.in_place ? std::min<int64_t>(warps_total, sms) : warps_total;
+    return token_parts_log2(tokens, split_warps, a.heads, a.head_dim, token_vec);
+  };
+  const int64_t lone_parts = int64_t{1} << parts_log2_for(grid_max * warps);
   const int64_t token_blocks_max = (tokens * lone_parts + warps - 1) / warps;
   plan.grid = static_cast<int>(grid_max);
   int speculate = 0;
@@ -350,10 +364,11 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
     plan.grid = static_cast<int>(std::clamp<int64_t>(std::max(chunks, token_blocks), 1, grid_max));
     // Small caches (a few chunks per block): the loads of the chunks the ring holds need not wait for the bitmask.
     // Its rows in cache_position are loaded for nothing, but they are then in L2 for the token work.
-    // Only when the token warps load every position in their first round: a later round's loads
-    // would queue behind these (docs/perf-notes.md, v5).
+    // Only when the token warps load every position in at most bulk_speculate_mask_rounds rounds: a
+    // later round's loads queue behind these (docs/perf-notes.md, v5; a second round still gained, v15).
     small_cache = chunks <= kSpeculateChunksPerBlock * int64_t{plan.grid};
-    if ((small_cache || tune.bulk_speculate_large) && a.seq_len <= int64_t{kMaskLoads} * 32 * plan.token_warps)
+    const int64_t mask_round = int64_t{kMaskLoads} * 32 * plan.token_warps;
+    if ((small_cache || tune.bulk_speculate_large) && a.seq_len <= mask_round * std::max(1, tune.bulk_speculate_mask_rounds))
       speculate = std::clamp(tune.bulk_speculate_chunks, 0, stages);
   } else if (a.in_place) {
     // The fewest blocks whose warps hold the items, or a block per item (in_place_spread_items).
@@ -381,7 +396,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   }
   // The token warps the grid has, and so how many share a token.
   const int64_t grid_token_warps = int64_t{plan.grid} * (a.in_place ? warps : plan.token_warps);
-  const int parts_log2 = token_parts_log2(tokens, grid_token_warps, a.heads, a.head_dim, token_vec);
+  const int parts_log2 = parts_log2_for(grid_token_warps);
   plan.token_parts = 1 << parts_log2;
   BackwardArgs<T> args = a;
   args.token_warps = plan.token_warps;

@@ -211,6 +211,32 @@ TEST_CASE("in-place: every token prefetch mode, items packed or spread, stays ri
   }
 }
 
+TEST_CASE("the fused kernel's warps a token: in place one while tokens fill the SMs, and as asked", "[gpu][tuning]") {
+  // 300 tokens: more than twice the SMs of any GPU the tests run on, fewer than the out-of-place
+  // grid's token warps on an H200 (where the rule gives 4).
+  int sms = 0;
+  KVROPE_CUDA_REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (const Variant variant : {Variant::kInPlace, Variant::kOutOfPlace}) {
+    const Config cfg{{1, 8, 300, 1024, 128}, Layout::kBHSD, Positions::kPermutation, variant, false, 97};
+    Problem<__nv_bfloat16, int64_t> p(cfg);
+    for (const int parts : {0, 1, 2, 4, 8}) {
+      LaunchTuning tuning = default_tuning(9, 0);
+      tuning.token_parts = parts;
+      BackwardPlan plan;
+      REQUIRE(p.plan(&plan, &tuning).ok());
+      INFO(cfg.describe() << " token_parts " << parts << " plan " << plan.token_parts << " grid " << plan.grid
+                          << " token warps " << plan.token_warps << " SMs " << sms);
+      if (parts > 0) CHECK(plan.token_parts == parts);
+      if (parts == 0 && p.in_place() && 2 * 300 > sms) CHECK(plan.token_parts == 1);
+      if (parts == 0 && !p.in_place() && int64_t{plan.grid} * plan.token_warps >= 4 * 300)
+        CHECK(plan.token_parts >= 2);
+      fill_random(p.gk, 970 + parts);  // in place, the previous call zeroed the rows in cache_position
+      fill_random(p.gv, 980 + parts);
+      p.run_and_check(&tuning);
+    }
+  }
+}
+
 TEST_CASE("the in-place token prefetch and item spread apply only where they can", "[gpu][tuning]") {
   // Out of place: never (nor the spread of items). In-place: not on the scalar path (rows not 16-byte
   // aligned), where the items are spread all the same.

@@ -29,7 +29,8 @@ struct LaunchTuning {
   //! With the bulk copy of a small cache (at most 8 chunks per block), or any cache with
   //! bulk_speculate_large: how many of its chunks each block loads at the kernel's start, before its
   //! bitmask of rows in cache_position is built (0 to bulk_stages). Only when the token warps load
-  //! every position in their first round: a later round would queue behind these loads.
+  //! every position in at most bulk_speculate_mask_rounds rounds: a later round would queue behind
+  //! these loads.
   int bulk_speculate_chunks = 6;
   //! With the bulk copy of a small cache (when its chunks are speculated, above): the token warps
   //! write the zeros of the cache-input gradient rows in cache_position (as the in-place variant
@@ -93,6 +94,17 @@ struct LaunchTuning {
   //! place, 4 out of place). On the H200 these were 5-7 % faster than one warp (docs/perf-notes.md,
   //! v12; v11's warps split the heads and met behind a barrier, and lost to one warp).
   int decode_token_warps = 0;
+  //! The fused kernel's warps a token: 1, 2, 4 or 8 (rounded down to a power of two); 0: chosen
+  //! (token_parts_log2 in backward.cuh: as many as the token warps allow, at most 8 and no more than
+  //! leave every lane a head row chunk; in place only while a token's warps fit one a SM). On the
+  //! H200, in place, one warp a token was 2-10 % faster than two or four on leaderboard cases 1, 4
+  //! and 16; out of place the rule's two or four were 3-10 % faster than one (docs/perf-notes.md, v15).
+  int token_parts = 0;
+  //! With the bulk copy: bulk_speculate_chunks applies only when the token warps load every position
+  //! of the bitmask in at most this many rounds (kMaskLoads positions a thread a round). 2 on the
+  //! H200: leaderboard case 9 (S = 2048, two rounds) 1 % faster than with 1, the others equal
+  //! (docs/perf-notes.md, v15).
+  int bulk_speculate_mask_rounds = 2;
 };
 
 //! The largest block the kernels are compiled for (their __launch_bounds__): 384 threads leave the
