@@ -146,6 +146,7 @@ void print_usage() {
       "  --share_min=N               LaunchTuning::bulk_share_min_chunks_per_block (share chunks above N a block)\n"
       "  --ip_prefetch=0|1|2         LaunchTuning::in_place_token_prefetch (in-place: items' cos/sin/key rows into L2 ahead)\n"
       "  --ip_spread=0|1             LaunchTuning::in_place_spread_items (in-place: a block per item, items dealt to blocks in turn)\n"
+      "  --oop_spread=0|1            LaunchTuning::out_of_place_spread_items (out of place: items dealt to blocks in turn)\n"
       "  --study=chain               instead of the cases: one warp's k dependent loads, then its stores, timed\n"
       "                              by the same clock (the latency floor of a position -> rows -> stores chain)\n"
       "  --decode=0|1                LaunchTuning::decode_kernel (S = 1: the decode kernel)\n"
@@ -217,6 +218,7 @@ const TuningFlag* tuning_flag(const std::string& key) {
       {"--share_min", &T::bulk_share_min_chunks_per_block, nullptr, 0},
       {"--ip_prefetch", &T::in_place_token_prefetch, nullptr, 0},
       {"--ip_spread", nullptr, &T::in_place_spread_items, 0},
+      {"--oop_spread", nullptr, &T::out_of_place_spread_items, 0},
       {"--decode", nullptr, &T::decode_kernel, 0},
       {"--decode_mib", &T::decode_copy_max_mib, nullptr, 0},
       {"--decode_block", &T::decode_block_threads, nullptr, 64},
@@ -1294,6 +1296,14 @@ void run_variant(benchmark::State& state, const LeaderboardCase& lc, Variant var
   cr.variants[variant] = std::move(r);
 }
 
+// The order of the variants within a case: the naive reference last (or first, with --naive_first).
+// Run just before them it slowed the in-place variant by 3 %, as no caller's program would
+// (docs/perf-notes.md, v15).
+const Variant (&variant_order())[3] {
+  static constexpr Variant naive_last[] = {Variant::kFused, Variant::kInPlace, Variant::kNaive};
+  return g_options.naive_first ? kAllVariants : naive_last;
+}
+
 template <typename T>
 void register_benchmarks() {
   std::vector<int> ids = g_options.cases;
@@ -1302,10 +1312,7 @@ void register_benchmarks() {
   }
   for (int id : ids) {
     const LeaderboardCase lc = kCases[id - 1];
-    // The naive reference last (or first, with --naive_first): a naive reference run just before
-    // slowed the in-place variant by 3 %, as no caller's program would (docs/perf-notes.md, v15).
-    const Variant naive_last[] = {Variant::kFused, Variant::kInPlace, Variant::kNaive};
-    for (Variant v : g_options.naive_first ? kAllVariants : naive_last) {
+    for (Variant v : variant_order()) {
       if (std::find(g_options.variants.begin(), g_options.variants.end(), v) == g_options.variants.end()) continue;
       char name[64];
       std::snprintf(name, sizeof(name), "backward/%s/case:%02d", variant_name(v), lc.id);
@@ -1468,7 +1475,8 @@ std::string tuning_json(const kvrope::LaunchTuning& t) {
          std::to_string(t.bulk_chunk_bytes) + ", \"bulk_speculate_large\": " + on(t.bulk_speculate_large) +
          ", \"bulk_share_min_chunks_per_block\": " + std::to_string(t.bulk_share_min_chunks_per_block) +
          ", \"in_place_token_prefetch\": " + std::to_string(t.in_place_token_prefetch) +
-         ", \"in_place_spread_items\": " + on(t.in_place_spread_items) + ", \"decode_kernel\": " +
+         ", \"in_place_spread_items\": " + on(t.in_place_spread_items) +
+         ", \"out_of_place_spread_items\": " + on(t.out_of_place_spread_items) + ", \"decode_kernel\": " +
          on(t.decode_kernel) + ", \"decode_copy_max_mib\": " + std::to_string(t.decode_copy_max_mib) +
          ", \"decode_block_threads\": " + std::to_string(t.decode_block_threads) +
          ", \"decode_token_warps\": " + std::to_string(t.decode_token_warps) +
@@ -1494,7 +1502,9 @@ void write_json(const Summary& s, const std::string& path) {
        ", \"driver_version\": " + std::to_string(g_device.driver_version) +
        ", \"runtime_version\": " + std::to_string(g_device.runtime_version) + "},\n";
   std::string variants;
-  for (Variant v : g_options.variants) variants += std::string(variants.empty() ? "" : ", ") + "\"" + variant_name(v) + "\"";
+  for (Variant v : variant_order())  // in the order they ran within a case
+    if (std::find(g_options.variants.begin(), g_options.variants.end(), v) != g_options.variants.end())
+      variants += std::string(variants.empty() ? "" : ", ") + "\"" + variant_name(v) + "\"";
   j += "  \"config\": {\"dtype\": " + json_string(g_options.dtype) + ", \"heads\": " + std::to_string(g_options.heads) +
        ", \"head_dim\": " + std::to_string(g_options.head_dim) + ", \"positions\": \"" +
        (g_options.random_positions ? "random" : "arange") + "\", \"position_type\": \"int64\", \"iters\": " +

@@ -43,7 +43,7 @@ struct BackwardPlan {
   bool token_zeros = false;   //!< the token warps write the zeros of rows cache_position of the cache-input gradients
   int token_prefetch = 0;     //!< in-place: LaunchTuning::in_place_token_prefetch as applied (0 where it does not apply: out of place, the scalar path, device code below sm_90)
   bool decode = false;        //!< the kernel for one token a batch (S == 1, LaunchTuning::decode_kernel): no bitmask, 1, 2 or 4 warps a token (token_parts), out of place a register copy
-  bool token_items_spread = false;  //!< in-place: LaunchTuning::in_place_spread_items as applied (a block per item up to one wave, items dealt to the blocks in turn)
+  bool token_items_spread = false;  //!< the first token items dealt to the blocks in turn: LaunchTuning::in_place_spread_items (in place, with a block per item up to one wave) or out_of_place_spread_items as applied
   int64_t bulk_shared_chunks = 0;  //!< chunks the blocks take from the workspace's counter at run time (bulk copy, a workspace, bulk_share_chunks, more than bulk_share_min_chunks_per_block chunks a block and more than the rings hold, one bitmask window; else 0)
 };
 
@@ -324,22 +324,23 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t grid_max = int64_t{sms} * std::max(1, std::min(tune.blocks_per_sm, resident));
   const int64_t warps = plan.block / 32;
   const int token_vec = std::min(plan.vec_width, kTokenVecMax);  // kTokenVec
-  // Token work needing no copy role beside it (in-place, or no cache rows): split the tokens over
-  // as many warps as the device holds, then take the blocks that need.
   // Warps a token (log2): LaunchTuning::token_parts, or as many as `warps_total` token warps allow
-  // (token_parts_log2). In place, where every warp does token work, a token is split only while its
-  // warps fit one a SM: more warps on an SM slow one another on the way to their loads, and on the
-  // H200 one warp a token was 2-10 % faster than two or four where those filled the SMs
-  // (docs/perf-notes.md, v15).
+  // (token_parts_log2). In place, where every warp does token work, a token is split only while the
+  // tokens' warps number at most kInPlaceSplitWarpsPerSm a SM: more warps on an SM slow one another
+  // on the way to their loads. On the H200, with 293-691 tokens, two warps a token (4.4-10.5 a SM)
+  // were as fast as one or up to 7 % slower, four (8.9 a SM) 10 % slower (docs/perf-notes.md, v15).
+  constexpr int64_t kInPlaceSplitWarpsPerSm = 4;
   auto parts_log2_for = [&](int64_t warps_total) {
     if (tune.token_parts > 0) {
       int log2 = 0;
       while (log2 < 3 && (2 << log2) <= tune.token_parts) ++log2;
       return log2;
     }
-    const int64_t split_warps = a.in_place ? std::min<int64_t>(warps_total, sms) : warps_total;
+    const int64_t split_warps = a.in_place ? std::min<int64_t>(warps_total, kInPlaceSplitWarpsPerSm * sms) : warps_total;
     return token_parts_log2(tokens, split_warps, a.heads, a.head_dim, token_vec);
   };
+  // Token work needing no copy role beside it (in-place, or no cache rows): split the tokens as the
+  // rule allows, then take the blocks that need.
   const int64_t lone_parts = int64_t{1} << parts_log2_for(grid_max * warps);
   const int64_t token_blocks_max = (tokens * lone_parts + warps - 1) / warps;
   plan.grid = static_cast<int>(grid_max);
@@ -409,7 +410,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.mask_late = plan.bulk_copy && tune.mask_after_first_item;
   args.token_prefetch = a.in_place && sm90_code && vec ? std::clamp(tune.in_place_token_prefetch, 0, 2) : 0;
   plan.token_prefetch = args.token_prefetch;
-  args.spread_items = a.in_place && tune.in_place_spread_items;
+  args.spread_items = a.in_place ? tune.in_place_spread_items : tune.out_of_place_spread_items;
   plan.token_items_spread = args.spread_items;
   args.bulk_stages = stages;
   args.bulk_slack = slack;

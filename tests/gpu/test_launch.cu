@@ -211,13 +211,23 @@ TEST_CASE("in-place: every token prefetch mode, items packed or spread, stays ri
   }
 }
 
-TEST_CASE("the fused kernel's warps a token: in place one while tokens fill the SMs, and as asked", "[gpu][tuning]") {
-  // 300 tokens: more than twice the SMs of any GPU the tests run on, fewer than the out-of-place
-  // grid's token warps on an H200 (where the rule gives 4).
+TEST_CASE("the fused kernel's warps a token: in place split while at most four warps a SM, and as asked", "[gpu][tuning]") {
+  // In place (H = 8, D = 128, bf16: at most 4 warps a token by the row): S = SMs tokens get 4 warps,
+  // 2 x SMs get 2, and 300 get 1 where that is more than 2 x SMs (an H200 has 132). Out of place, 300
+  // tokens get 4 where the grid has 1 200 token warps or more (an H200: 132 x 11).
   int sms = 0;
   KVROPE_CUDA_REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (const Variant variant : {Variant::kInPlace, Variant::kOutOfPlace}) {
-    const Config cfg{{1, 8, 300, 1024, 128}, Layout::kBHSD, Positions::kPermutation, variant, false, 97};
+  struct Expect {
+    int64_t seq_len;
+    Variant variant;
+    int parts;  // 0: no expectation here
+  };
+  const Expect cases[] = {{sms, Variant::kInPlace, 4},
+                          {2 * sms, Variant::kInPlace, 2},
+                          {300, Variant::kInPlace, 2 * 300 > 4 * sms ? 1 : 0},
+                          {300, Variant::kOutOfPlace, 4}};
+  for (const Expect& e : cases) {
+    const Config cfg{{1, 8, e.seq_len, 1024, 128}, Layout::kBHSD, Positions::kPermutation, e.variant, false, 97};
     Problem<__nv_bfloat16, int64_t> p(cfg);
     for (const int parts : {0, 1, 2, 4, 8}) {
       LaunchTuning tuning = default_tuning(9, 0);
@@ -227,9 +237,8 @@ TEST_CASE("the fused kernel's warps a token: in place one while tokens fill the 
       INFO(cfg.describe() << " token_parts " << parts << " plan " << plan.token_parts << " grid " << plan.grid
                           << " token warps " << plan.token_warps << " SMs " << sms);
       if (parts > 0) CHECK(plan.token_parts == parts);
-      if (parts == 0 && p.in_place() && 2 * 300 > sms) CHECK(plan.token_parts == 1);
-      if (parts == 0 && !p.in_place() && int64_t{plan.grid} * plan.token_warps >= 4 * 300)
-        CHECK(plan.token_parts >= 2);
+      if (parts == 0 && e.parts > 0 && (p.in_place() || int64_t{plan.grid} * plan.token_warps >= 4 * e.seq_len))
+        CHECK(plan.token_parts == e.parts);
       fill_random(p.gk, 970 + parts);  // in place, the previous call zeroed the rows in cache_position
       fill_random(p.gv, 980 + parts);
       p.run_and_check(&tuning);
@@ -238,8 +247,8 @@ TEST_CASE("the fused kernel's warps a token: in place one while tokens fill the 
 }
 
 TEST_CASE("the in-place token prefetch and item spread apply only where they can", "[gpu][tuning]") {
-  // Out of place: never (nor the spread of items). In-place: not on the scalar path (rows not 16-byte
-  // aligned), where the items are spread all the same.
+  // Out of place: never (the spread of items as out_of_place_spread_items asks). In-place: not on the
+  // scalar path (rows not 16-byte aligned), where the items are spread all the same.
   Problem<__nv_bfloat16, int64_t> oop(Config{{2, 8, 45, 512, 128}, Layout::kBHSD, Positions::kArange,
                                              Variant::kOutOfPlace, false, 97});
   Config misaligned{{2, 8, 45, 512, 128}, Layout::kBHSD, Positions::kArange, Variant::kInPlace, false, 98};
@@ -249,9 +258,13 @@ TEST_CASE("the in-place token prefetch and item spread apply only where they can
   REQUIRE(tuning.in_place_token_prefetch == 2);
   REQUIRE(tuning.in_place_spread_items);
   BackwardPlan plan;
-  REQUIRE(oop.plan(&plan, &tuning).ok());
-  CHECK(plan.token_prefetch == 0);
-  CHECK_FALSE(plan.token_items_spread);  // out of place: never spread
+  for (const bool spread : {true, false}) {
+    tuning.out_of_place_spread_items = spread;
+    REQUIRE(oop.plan(&plan, &tuning).ok());
+    CHECK(plan.token_prefetch == 0);
+    CHECK(plan.token_items_spread == spread);
+    oop.run_and_check(&tuning);
+  }
   REQUIRE(scalar.plan(&plan, &tuning).ok());
   CHECK(plan.path == BackwardPath::kGenericScalar);
   CHECK(plan.token_prefetch == 0);

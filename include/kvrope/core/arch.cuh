@@ -73,6 +73,10 @@ struct LaunchTuning {
   //! 10 and 12 (one position a batch, 32 and 4 tokens; 3 % off case 8, one token) (docs/perf-notes.md,
   //! v10). Out of place, where every block also copies, it made no difference and does not apply.
   bool in_place_spread_items = true;
+  //! Out of place: the first token items dealt to the blocks in turn (item w to block w mod grid), as
+  //! in_place_spread_items does in place, instead of filling one block's token warps before the next;
+  //! the grid is the copy's either way. (docs/perf-notes.md, v15.)
+  bool out_of_place_spread_items = true;
   //! Calls with one new token a batch (S == 1, a decoding step) on the vectorized path, with a head
   //! dim that is a power of two from two 16-byte vectors to 256 (D = 16 to 256 in bf16 or fp16, 8 to
   //! 256 in fp32): a kernel of their own, with no bitmask and a short path from its entry
@@ -94,16 +98,19 @@ struct LaunchTuning {
   //! place, 4 out of place). On the H200 these were 5-7 % faster than one warp (docs/perf-notes.md,
   //! v12; v11's warps split the heads and met behind a barrier, and lost to one warp).
   int decode_token_warps = 0;
-  //! The fused kernel's warps a token: 1, 2, 4 or 8 (rounded down to a power of two); 0: chosen
+  //! The fused kernel's warps a token: 1, 2, 4 or 8 (other values: rounded down to a power of two, at
+  //! most 8; as asked, even where lanes are then left without a head row chunk); 0: chosen
   //! (token_parts_log2 in backward.cuh: as many as the token warps allow, at most 8 and no more than
-  //! leave every lane a head row chunk; in place only while a token's warps fit one a SM). On the
-  //! H200, in place, one warp a token was 2-10 % faster than two or four on leaderboard cases 1, 4
-  //! and 16; out of place the rule's two or four were 3-10 % faster than one (docs/perf-notes.md, v15).
+  //! leave every lane a head row chunk; in place only while the tokens' warps number at most four a
+  //! SM). Calls with S = 1 take the decode kernel, which has decode_token_warps instead. On the H200,
+  //! in place, one warp a token was never slower than two and 2-10 % faster than the earlier rule's
+  //! two or four on leaderboard cases 1, 4 and 16; out of place the rule's two or four were 5-12 %
+  //! faster than one (docs/perf-notes.md, v15).
   int token_parts = 0;
   //! With the bulk copy: bulk_speculate_chunks applies only when the token warps load every position
-  //! of the bitmask in at most this many rounds (kMaskLoads positions a thread a round). 2 on the
-  //! H200: leaderboard case 9 (S = 2048, two rounds) 1 % faster than with 1, the others equal
-  //! (docs/perf-notes.md, v15).
+  //! of the bitmask in at most this many rounds (kMaskLoads positions a thread a round; below 1: 1).
+  //! 2 on the H200: leaderboard case 9 (S = 2048, two rounds) 1 % faster than with 1, the others
+  //! equal (docs/perf-notes.md, v15).
   int bulk_speculate_mask_rounds = 2;
 };
 
