@@ -71,7 +71,7 @@ struct LaunchTuning {
   //! items than the device has warps spreads them over the SMs. On by default on every device;
   //! measured on the H200 only: 5 % off the in-place 16-case geomean, 18-25 % off leaderboard cases
   //! 10 and 12 (one position a batch, 32 and 4 tokens; 3 % off case 8, one token) (docs/perf-notes.md,
-  //! v10). Out of place, where every block also copies, it made no difference and does not apply.
+  //! v10). Out of place out_of_place_spread_items applies instead.
   bool in_place_spread_items = true;
   //! Out of place: the first token items dealt to the blocks in turn (item w to block w mod grid), as
   //! in_place_spread_items does in place, instead of filling one block's token warps before the next;
