@@ -103,9 +103,7 @@ struct Options {
   int64_t warmup = 3;
   bool check = true;
   bool primer = true;
-  // The naive reference before a case's fused variants (as up to stop 17) instead of after them: it
-  // slowed the in-place variant that followed it by 3 % (docs/perf-notes.md, v15).
-  bool naive_first = false;
+  bool naive_first = false;  // --naive_first=1: each case's naive reference first (variant_order)
   bool flush_reads = false;  // --flush=read: the diagnostic flush by reads (clean lines in L2)
   bool chain_study = false;  // --study=chain: the dependent-load chain study instead of the cases
   bool workspace = true;  // the fused variant gets a workspace (BackwardParams::workspace)
@@ -1304,6 +1302,11 @@ const Variant (&variant_order())[3] {
   return g_options.naive_first ? kAllVariants : naive_last;
 }
 
+// Whether --variants asked for v.
+bool selected(Variant v) {
+  return std::find(g_options.variants.begin(), g_options.variants.end(), v) != g_options.variants.end();
+}
+
 template <typename T>
 void register_benchmarks() {
   std::vector<int> ids = g_options.cases;
@@ -1313,7 +1316,7 @@ void register_benchmarks() {
   for (int id : ids) {
     const LeaderboardCase lc = kCases[id - 1];
     for (Variant v : variant_order()) {
-      if (std::find(g_options.variants.begin(), g_options.variants.end(), v) == g_options.variants.end()) continue;
+      if (!selected(v)) continue;
       char name[64];
       std::snprintf(name, sizeof(name), "backward/%s/case:%02d", variant_name(v), lc.id);
       benchmark::RegisterBenchmark(name, [lc, v](benchmark::State& st) { run_variant<T>(st, lc, v); })
@@ -1503,8 +1506,7 @@ void write_json(const Summary& s, const std::string& path) {
        ", \"runtime_version\": " + std::to_string(g_device.runtime_version) + "},\n";
   std::string variants;
   for (Variant v : variant_order())  // in the order they ran within a case
-    if (std::find(g_options.variants.begin(), g_options.variants.end(), v) != g_options.variants.end())
-      variants += std::string(variants.empty() ? "" : ", ") + "\"" + variant_name(v) + "\"";
+    if (selected(v)) variants += std::string(variants.empty() ? "" : ", ") + "\"" + variant_name(v) + "\"";
   j += "  \"config\": {\"dtype\": " + json_string(g_options.dtype) + ", \"heads\": " + std::to_string(g_options.heads) +
        ", \"head_dim\": " + std::to_string(g_options.head_dim) + ", \"positions\": \"" +
        (g_options.random_positions ? "random" : "arange") + "\", \"position_type\": \"int64\", \"iters\": " +

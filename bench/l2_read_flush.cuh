@@ -11,7 +11,8 @@
 
 namespace kvrope_tools {
 
-//! Reads every 16 bytes of buf[0, n) over the grid; returns this thread's XOR-sum of what it read.
+//! Reads every 16 bytes of buf[0, n) over the grid; returns this thread's sum, over the 16-byte words
+//! it read, of each word's four 32-bit parts XORed together.
 __device__ __forceinline__ uint32_t read_sweep(const uint4* buf, int64_t n) {
   uint32_t acc = 0;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
