@@ -122,7 +122,7 @@ void print_usage() {
   std::printf(
       "kvrope_bench options (besides Google Benchmark's --benchmark_*):\n"
       "  --cases=1,4,8               subset of the 16 cases (default: all)\n"
-      "  --variants=fused,inplace,naive  (default: all three; naive always runs first in a case)\n"
+      "  --variants=fused,inplace,naive  (default: all three; each case's naive reference runs last, see --naive_first)\n"
       "  --dtype=bf16|fp16|fp32      (default bf16)\n"
       "  --heads=N --head_dim=N      (default 8 and 128, as in the case table)\n"
       "  --positions=arange|random   cache_position = arange(S), or S distinct random rows of S_max\n"
@@ -142,7 +142,7 @@ void print_usage() {
       "  --bulk_chunk=BYTES          LaunchTuning::bulk_chunk_bytes (most bytes of a chunk of the bulk copy)\n"
       "  --spec_large=0|1            LaunchTuning::bulk_speculate_large (speculated chunks for large caches too)\n"
       "  --share_min=N               LaunchTuning::bulk_share_min_chunks_per_block (share chunks above N a block)\n"
-      "  --ip_prefetch=0|1|2         LaunchTuning::in_place_token_prefetch (in-place: items' cos/sin/key rows into L2 ahead)\n"
+      "  --ip_prefetch=0|1|2|3       LaunchTuning::in_place_token_prefetch (in-place: items' cos/sin/key rows into L2 ahead; 3: the first item's gK/gV rows too)\n"
       "  --ip_spread=0|1             LaunchTuning::in_place_spread_items (in-place: a block per item, items dealt to blocks in turn)\n"
       "  --oop_spread=0|1            LaunchTuning::out_of_place_spread_items (out of place: items dealt to blocks in turn)\n"
       "  --study=chain               instead of the cases: one warp's k dependent loads, then its stores, timed\n"

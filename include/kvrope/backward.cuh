@@ -273,13 +273,14 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
                    aligned16(a.grad_sin);
 
   using Kernel = void (*)(BackwardArgs<T>);
-  Kernel kernel = backward_kernel<T, 0, 1>;
+  Kernel kernel = a.in_place ? backward_kernel<T, 0, 1, true> : backward_kernel<T, 0, 1, false>;
   plan.path = BackwardPath::kGenericScalar;
   plan.vec_width = 1;
   if (vec) {
     plan.vec_width = kWide;
     plan.head_dim_instance = dispatch_head_dim(a.head_dim, [&](auto head_dim) {
-      kernel = backward_kernel<T, decltype(head_dim)::value, kWide>;
+      constexpr int kD = decltype(head_dim)::value;
+      kernel = a.in_place ? backward_kernel<T, kD, kWide, true> : backward_kernel<T, kD, kWide, false>;
       return decltype(head_dim)::value;
     });
     plan.path = plan.head_dim_instance ? BackwardPath::kCompiledHeadDim : BackwardPath::kGenericVectorized;
@@ -408,7 +409,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   args.token_zeros = tune.token_zeros && speculate > 0 && small_cache;
   plan.token_zeros = args.token_zeros;
   args.mask_late = plan.bulk_copy && tune.mask_after_first_item;
-  args.token_prefetch = a.in_place && sm90_code && vec ? std::clamp(tune.in_place_token_prefetch, 0, 2) : 0;
+  args.token_prefetch = a.in_place && sm90_code && vec ? std::clamp(tune.in_place_token_prefetch, 0, 3) : 0;
   plan.token_prefetch = args.token_prefetch;
   args.spread_items = a.in_place ? tune.in_place_spread_items : tune.out_of_place_spread_items;
   plan.token_items_spread = args.spread_items;

@@ -186,7 +186,7 @@ TEST_CASE("in-place: every token prefetch mode, items packed or spread, stays ri
     Problem<__nv_bfloat16, int64_t> p(cfg);
     int packed_grid = 0;
     for (const bool spread : {false, true})
-      for (const int mode : {0, 1, 2}) {
+      for (const int mode : {0, 1, 2, 3}) {
         // New random caches each time: the previous call zeroed their rows in cache_position.
         fill_random(p.gk, cfg.seed * 10 + mode + (spread ? 50 : 0));
         fill_random(p.gv, cfg.seed * 10 + mode + (spread ? 55 : 5));
@@ -255,7 +255,7 @@ TEST_CASE("the in-place token prefetch and item spread apply only where they can
   misaligned.offset = 1;
   Problem<__nv_bfloat16, int64_t> scalar(misaligned);
   LaunchTuning tuning = default_tuning(9, 0);
-  REQUIRE(tuning.in_place_token_prefetch == 2);
+  REQUIRE(tuning.in_place_token_prefetch == 3);
   REQUIRE(tuning.in_place_spread_items);
   BackwardPlan plan;
   for (const bool spread : {true, false}) {

@@ -57,14 +57,16 @@ struct LaunchTuning {
   int bulk_share_min_chunks_per_block = 8;
   //! In-place, on the vectorized path (every pointer and stride 16-byte aligned) where the kernel
   //! has sm_90 code (BackwardPlan::token_prefetch says what applied): token warps prefetch into L2
-  //! the rows of an item that do not depend on its position (cos, sin, and the key rows when the
-  //! table gradients are asked for) before the item needs them: once it has its position, only its
-  //! gK and gV rows still come from DRAM. 0: never; 1: each next item's, when its position is
-  //! fetched; 2: also the first item's, at the kernel's start, while the block builds its bitmask
-  //! (more than one position a batch); clamped to 0-2. 2 on the H200: 2 % off the in-place 16-case
-  //! geomean, 4-9 % off the cases with a few items a warp (docs/perf-notes.md, v9). Out of place it
-  //! was slower: the prefetches compete with the cache copy.
-  int in_place_token_prefetch = 2;
+  //! (prefetch.global.L2, a lane a row) the rows of an item that do not depend on its position (cos,
+  //! sin, and the key rows when the table gradients are asked for) before the item needs them: once
+  //! it has its position, only its gK and gV rows still come from DRAM. 0: never; 1: each next
+  //! item's, when its position is fetched; 2: also the first item's, at the kernel's start, while the
+  //! block builds its bitmask (more than one position a batch); 3: as 2, and the first item's gK and
+  //! gV rows too, as soon as its position is in (while the bitmask's positions are on their way);
+  //! clamped to 0-3. 3 on the H200: 1.1-1.3 % off the in-place geomean of the 13 cases with S > 1
+  //! against 2 (cases 1, 4 and 16 3-8 % faster, case 9 2-4 % slower; docs/perf-notes.md, v16). Out
+  //! of place it was slower (v6): the prefetches compete with the cache copy.
+  int in_place_token_prefetch = 3;
   //! In-place: the grid has a block per token item, up to one wave, instead of the fewest blocks
   //! whose warps hold the items, and the first items are dealt to the blocks in turn (item w to
   //! block w mod grid) instead of filling one block's warps before the next: a launch with fewer

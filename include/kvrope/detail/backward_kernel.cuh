@@ -454,23 +454,43 @@ struct PositionPrefetch {
   }
 };
 
+// Prefetches into L2 the 128-byte lines of rows row_of(i), i = first, first + stride, ... < rows, of
+// `bytes` bytes each: a lane a row, one prefetch.global.L2 a line, so that a warp issues a line of every
+// row with one instruction. (cp.async.bulk.prefetch takes its address in uniform registers, so the
+// compiler issued a warp's rows one lane at a time, in a loop over the lanes: docs/perf-notes.md, v16.)
+template <typename RowOf>
+__device__ __forceinline__ void prefetch_rows_l2(int rows, uint32_t bytes, int first, int stride, RowOf&& row_of) {
+  for (int i = first; i < rows; i += stride) {
+    const uint64_t start = reinterpret_cast<uint64_t>(row_of(i));
+    const uint64_t last = (start + bytes - 1) & ~uint64_t{127};
+    for (uint64_t line = start & ~uint64_t{127}; line <= last; line += 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(line) : "memory");
+  }
+}
+
 // Prefetches into L2 the rows of item c that do not depend on its position: cos, sin and, when the
-// table gradients are asked for, the key rows (one bulk prefetch a row, lanes in parallel). The
-// item's own loads of them then need no DRAM round trip after its position's (a.token_prefetch).
+// table gradients are asked for, the key rows. The item's own loads of them then need no DRAM round
+// trip after its position's (a.token_prefetch).
 template <typename T>
 __device__ __forceinline__ void prefetch_token_inputs(const BackwardArgs<T>& a, const TokenCursor& c, int lane) {
-#if KVROPE_HAS_BULK_COPY
   // (The test of BackwardArgs::wants_tables spelled out: the call moved this site's code.)
   const bool tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
   const int rows = 2 + (tables ? static_cast<int>(a.heads) : 0);  // cos, sin, then a key row a head
-  const uint32_t bytes = static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)});
-  for (int i = lane; i < rows; i += 32) {
-    const T* row = i == 0 ? a.cos.row(c.b, c.t) : i == 1 ? a.sin.row(c.b, c.t) : a.key.row(c.b, i - 2, c.t);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(bytes) : "memory");
-  }
-#else
-  (void)a, (void)c, (void)lane;
-#endif
+  prefetch_rows_l2(rows, static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)}), lane, 32, [&](int i) {
+    return i == 0 ? a.cos.row(c.b, c.t) : i == 1 ? a.sin.row(c.b, c.t) : a.key.row(c.b, i - 2, c.t);
+  });
+}
+
+// Prefetches into L2 the gK and gV rows r of every head of item c, whose position is in (in place,
+// a.token_prefetch > 2: the first item, while the block builds its bitmask), so that its loads after
+// the bitmask find them in L2 or on their way. The warps of a token share the rows.
+template <typename T>
+__device__ __forceinline__ void prefetch_token_rows(const BackwardArgs<T>& a, const TokenCursor& c, int64_t r,
+                                                    int lane) {
+  const int heads = static_cast<int>(a.heads);
+  prefetch_rows_l2(2 * heads, static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)}), c.part * 32 + lane,
+                   32 << a.token_parts_log2,
+                   [&](int i) { return i < heads ? a.gk.row(c.b, i, r) : a.gv.row(c.b, i - heads, r); });
 }
 
 // A warp whose first item is w (of `warps` token warps) handles items w, w + warps, ... (`cur` is
@@ -480,7 +500,7 @@ __device__ __forceinline__ void prefetch_token_inputs(const BackwardArgs<T>& a, 
 // starts (v8: before, the compiler's range test right after the load made every item wait for the
 // next one's position first).
 // `after_first` runs once: after the warp's first item, or at once when it has none.
-template <typename T, int kHeadDim, int kVec, typename F>
+template <bool kInPlace, typename T, int kHeadDim, int kVec, typename F>
 __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout, TokenCursor cur,
                            RawPosition position, PositionPrefetch prefetch, int64_t warps, bool zero_rows,
                            bool repeats, F&& after_first) {
@@ -492,7 +512,7 @@ __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim,
     const TokenCursor next = token_item(a, cur.item + warps);
     if (next.item < items) {
       prefetch.issue(a, next.t, lane);
-      if (a.token_prefetch > 0) prefetch_token_inputs(a, next, lane);
+      if (kInPlace && a.token_prefetch > 0) prefetch_token_inputs(a, next, lane);
     }
     KVROPE_TRACE_DEP(cur.item < warps, kTracePosition, r);
     if (zero_rows && repeats && r >= 0) {
@@ -511,11 +531,16 @@ __device__ void token_work(const BackwardArgs<T>& a, const TokenLayout<kHeadDim,
 }
 
 // Marks the rows [w0, w0 + wlen) written by cache_position in `mask`; sets *repeats when a row is
-// written twice. The caller synchronizes the threads that use the mask around it.
-template <typename T>
+// written twice. The caller synchronizes the threads that use the mask around it. `after_loads` runs
+// once on every thread: when the first round's loads are issued, before anything waits for them.
+struct NoHook {
+  __device__ void operator()() const {}
+};
+template <typename T, typename F = NoHook>
 __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0, int64_t wlen, int thread,
-                           int threads, int* repeats) {
+                           int threads, int* repeats, F&& after_loads = {}) {
   constexpr int kLoads = kMaskLoads;
+  bool hooked = false;
   for (int64_t t0 = thread; t0 < a.seq_len; t0 += kLoads * int64_t{threads}) {
     // Every load is issued before any arithmetic on one: a range test right after each load waited
     // for it before the next was issued, kLoads round trips where one will do (docs/perf-notes.md,
@@ -527,6 +552,10 @@ __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0,
       const int64_t t = t0 + u * int64_t{threads};
       raw[u] = load_position(a, t < a.seq_len ? t : t0);
     }
+    if (!hooked) {
+      hooked = true;
+      after_loads();
+    }
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int64_t r = t0 + u * int64_t{threads} < a.seq_len ? position_row(a, raw[u]) : -1;
@@ -536,6 +565,7 @@ __device__ void build_mask(const BackwardArgs<T>& a, uint32_t* mask, int64_t w0,
       }
     }
   }
+  if (!hooked) after_loads();
 }
 
 // A barrier among the copy warps alone (the token warps of the block do not take part).
@@ -565,14 +595,18 @@ __device__ __forceinline__ void copy_warps_mask(const BackwardArgs<T>& a, uint32
 //! which starts its first loads at once and leaves the bitmask to the token warps; otherwise the
 //! copy warps move the rows through registers. In-place, every block first learns whether a row
 //! repeats (the bitmask again; not with one position a batch), then all its warps do token work.
-template <typename T, int kHeadDim, int kVec>
+//! kInPlace (a.in_place as a constant) gives each variant an instance of its own, holding only its
+//! path: for bf16 D = 128 on sm_90, 79 KB in place (no copy) and 216 KB out of place, where one
+//! instance of both took 254 KB; and a change to one variant's path no longer moves the other's code
+//! (docs/perf-notes.md, v16).
+template <typename T, int kHeadDim, int kVec, bool kInPlace>
 __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const BackwardArgs<T> a) {
   extern __shared__ __align__(kBulkAlign) uint32_t mask[];
   __shared__ int repeats;
   KVROPE_TRACE_AT(kTraceEntry, 0);
   const int warp_in_block = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
-  const bool token_warp = a.in_place || warp_in_block < a.token_warps;
+  const bool token_warp = kInPlace || warp_in_block < a.token_warps;
 
   // Work that needs no bitmask starts first, on the shortest instruction path: the copy warp's first
   // chunks (a.bulk_speculate of them, one lane each), the first token's position.
@@ -595,7 +629,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   constexpr bool bulk_warp = false;
 #endif
   const int warps_per_block = blockDim.x / 32;
-  const int64_t token_warps_per_block = a.in_place ? warps_per_block : a.token_warps;
+  const int64_t token_warps_per_block = kInPlace ? warps_per_block : a.token_warps;
   const int64_t token_warps = int64_t{gridDim.x} * token_warps_per_block;  // every block's token warps
   __shared__ RawPosition prefetched_positions[kMaxBlockThreads / 32];
   TokenCursor cursor{};
@@ -609,7 +643,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
       first_position = load_position(a, cursor.t);
       // Hidden behind the bitmask's build (token_prefetch is in-place only, where a bitmask is built
       // only when S > 1).
-      if (a.token_prefetch > 1 && a.seq_len > 1) prefetch_token_inputs(a, cursor, lane);
+      if (kInPlace && a.token_prefetch > 1 && a.seq_len > 1) prefetch_token_inputs(a, cursor, lane);
     }
   }
   // While the first position is on its way (it is used only once the bitmask is built):
@@ -630,7 +664,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   const int builders = bulk_build ? a.token_warps * 32 : static_cast<int>(blockDim.x);
   const bool late = bulk_build && a.mask_late;
   // In-place, the bitmask only tells whether a row repeats, which one position a batch cannot.
-  const bool masked = !(a.in_place && a.seq_len <= 1);
+  const bool masked = !(kInPlace && a.seq_len <= 1);
   if (!bulk_warp && masked) {
     if (threadIdx.x == 0) repeats = 0;
     for (int64_t i = threadIdx.x; i < a.window_rows / 32; i += builders) mask[i] = 0;
@@ -639,13 +673,25 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     } else {
       __syncthreads();
     }
-    if (!late) build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats);
+    if (kInPlace) {
+      // With a.token_prefetch > 2, a token warp's first item's rows go to L2 once its position is in,
+      // while the bitmask's positions are on their way. (Out of place the bitmask is built without
+      // the hook: the same code as before it, which a hook tested at run time had made 1.5 % slower.)
+      build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats, [&] {
+        if (a.token_prefetch > 2 && cursor.item < (a.batch * a.seq_len) << a.token_parts_log2) {
+          const int64_t r = position_row(a, first_position);
+          if (r >= 0) prefetch_token_rows(a, cursor, r, lane);
+        }
+      });
+    } else if (!late) {
+      build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats);
+    }
   }
   auto arrive_with_mask = [&] {
     if (late) build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats);
     asm volatile("bar.arrive 2, %0;" ::"r"(blockDim.x) : "memory");
   };
-  if (a.in_place) {
+  if (kInPlace) {
     if (masked) __syncthreads();
   } else if (!token_warp) {
     asm volatile("bar.sync 2, %0;" ::"r"(blockDim.x) : "memory");
@@ -656,7 +702,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
   KVROPE_TRACE_AT(kTraceRole, token_warp ? 1 : 2);
   const int64_t windows = a.windows;
 
-  if (a.in_place && masked) {
+  if (kInPlace && masked) {
     // Only whether a row repeats matters here; later windows are scanned until one does.
     for (int64_t win = 1; win < windows && !repeats; ++win) {
       const RowWindow rows = row_window(a, win);
@@ -673,11 +719,11 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
       if (late) arrive_with_mask();
     };
     const PositionPrefetch prefetch{&prefetched_positions[warp_in_block], {}};
-    if (a.in_place || a.token_zeros) {
-      token_work(a, layout, cursor, first_position, prefetch, token_warps, true, a.in_place && masked && repeats != 0,
+    if (kInPlace || a.token_zeros) {
+      token_work<kInPlace>(a, layout, cursor, first_position, prefetch, token_warps, true, kInPlace && masked && repeats != 0,
                  after_first);
     } else {
-      token_work(a, layout, cursor, first_position, prefetch, token_warps, false, false, after_first);
+      token_work<kInPlace>(a, layout, cursor, first_position, prefetch, token_warps, false, false, after_first);
     }
     KVROPE_TRACE_AT(kTraceDone, 0);
     return;
