@@ -168,7 +168,8 @@ Status cached_query(const Key& key, Value* out, Query&& query) {
   return {};
 }
 
-// Whether `kernel`'s device code was compiled for sm_90 or later (the bulk copy, the bulk prefetch).
+// Whether `kernel`'s device code was compiled for sm_90 or later (the bulk copy; the in-place token
+// prefetch, measured only there).
 // A build that carries only PTX for an older GPU runs on Hopper through the JIT with the register
 // copy in its code, so the device's compute capability alone does not tell. Cached per kernel and
 // device.
@@ -310,7 +311,7 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
   const int64_t ring_offset = bulk_ring_offset(mask_bytes(a.window_rows));
   const int fitting = static_cast<int>(std::max<int64_t>(0, (shared_optin - ring_offset) / bulk_ring_bytes(1)));
   const int stages = std::min(std::clamp(tune.bulk_stages, 2, kMaxBulkStages), fitting);
-  bool sm90_code = false;  // the bulk copy and the bulk prefetch
+  bool sm90_code = false;  // the bulk copy, and where the in-place token prefetch was measured
   if (major >= 9)
     if (Status s = kernel_has_sm90_code(kernel, device, &sm90_code); !s) return s;
   plan.bulk_copy = tune.bulk_copy && vec && !a.in_place && copy_elems > 0 && sm90_code &&

@@ -62,10 +62,12 @@ struct LaunchTuning {
   //! it has its position, only its gK and gV rows still come from DRAM. 0: never; 1: each next
   //! item's, when its position is fetched; 2: also the first item's, at the kernel's start, while the
   //! block builds its bitmask (more than one position a batch); 3: as 2, and the first item's gK and
-  //! gV rows too, as soon as its position is in (while the bitmask's positions are on their way);
+  //! gV rows too, as soon as its position is in (during the block's bitmask build);
   //! clamped to 0-3. 3 on the H200: 1.1-1.3 % off the in-place geomean of the 13 cases with S > 1
-  //! against 2 (cases 1, 4 and 16 3-8 % faster, case 9 2-4 % slower; docs/perf-notes.md, v16). Out
-  //! of place it was slower (v6): the prefetches compete with the cache copy.
+  //! against 2 (cases 1, 4 and 16 3-8 % faster, case 9 2-4 % slower; docs/perf-notes.md, v16). The
+  //! prefetch instruction needs neither sm_90 nor aligned rows; those limits are where it was
+  //! measured. Out of place it was slower (v9, and by lane in v10): the prefetches compete with the
+  //! cache copy.
   int in_place_token_prefetch = 3;
   //! In-place: the grid has a block per token item, up to one wave, instead of the fewest blocks
   //! whose warps hold the items, and the first items are dealt to the blocks in turn (item w to

@@ -40,7 +40,7 @@ struct BackwardArgs {
   int bulk_speculate;   // with bulk: chunks each block loads before its bitmask is built (at most bulk_stages)
   bool token_zeros;     // out-of-place: token warps zero rows p of gk_out / gv_out; the copy skips them
   bool mask_late;       // with bulk: token warps add their share of the bitmask after their first item
-  int token_prefetch;   // in-place, sm_90 code, 16-byte rows: LaunchTuning::in_place_token_prefetch (0 to 2)
+  int token_prefetch;   // in-place, sm_90 code, 16-byte rows: LaunchTuning::in_place_token_prefetch (0 to 3)
   bool spread_items;    // in-place, LaunchTuning::in_place_spread_items: the first round's item w is on block w % grid
   int bulk_stages;      // with bulk: stages of the shared-memory ring
   int bulk_slack;       // with bulk: chunk stores that may still read their stage when one is refilled

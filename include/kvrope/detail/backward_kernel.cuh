@@ -675,8 +675,10 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const Backwa
     }
     if (kInPlace) {
       // With a.token_prefetch > 2, a token warp's first item's rows go to L2 once its position is in,
-      // while the bitmask's positions are on their way. (Out of place the bitmask is built without
-      // the hook: the same code as before it, which a hook tested at run time had made 1.5 % slower.)
+      // during the bitmask's build. (As compiled for sm_90, ptxas puts the position's arithmetic
+      // before the bitmask's loads, which then wait for the position: docs/perf-notes.md, v16.) In
+      // place a.bulk is false (plan_and_launch gives the bulk copy to out-of-place calls only), so
+      // `late` is too. Out of place the bitmask is built without the hook.
       build_mask(a, mask, 0, row_window(a, 0).wlen, threadIdx.x, builders, &repeats, [&] {
         if (a.token_prefetch > 2 && cursor.item < (a.batch * a.seq_len) << a.token_parts_log2) {
           const int64_t r = position_row(a, first_position);
