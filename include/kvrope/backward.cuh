@@ -201,6 +201,12 @@ Status resident_blocks(Kernel kernel, int device, int block, int shared_bytes, i
   });
 }
 
+// The fused kernel's instance of a head dim and access width for the call's variant (kInPlace).
+template <typename T, int kD, int kVec>
+auto fused_instance(bool in_place) {
+  return in_place ? backward_kernel<T, kD, kVec, true> : backward_kernel<T, kD, kVec, false>;
+}
+
 // The decode kernel's instance for a head dim (decode_head_dim_ok): compiled for the power-of-two
 // head dims of kCompiledHeadDims, else the generic one (D read at run time); *instance says which.
 template <typename T>
@@ -274,14 +280,13 @@ Status plan_and_launch(const BackwardArgs<T>& a, const LaunchTuning* tuning, cud
                    aligned16(a.grad_sin);
 
   using Kernel = void (*)(BackwardArgs<T>);
-  Kernel kernel = a.in_place ? backward_kernel<T, 0, 1, true> : backward_kernel<T, 0, 1, false>;
+  Kernel kernel = fused_instance<T, 0, 1>(a.in_place);
   plan.path = BackwardPath::kGenericScalar;
   plan.vec_width = 1;
   if (vec) {
     plan.vec_width = kWide;
     plan.head_dim_instance = dispatch_head_dim(a.head_dim, [&](auto head_dim) {
-      constexpr int kD = decltype(head_dim)::value;
-      kernel = a.in_place ? backward_kernel<T, kD, kWide, true> : backward_kernel<T, kD, kWide, false>;
+      kernel = fused_instance<T, decltype(head_dim)::value, kWide>(a.in_place);
       return decltype(head_dim)::value;
     });
     plan.path = plan.head_dim_instance ? BackwardPath::kCompiledHeadDim : BackwardPath::kGenericVectorized;

@@ -454,12 +454,15 @@ struct PositionPrefetch {
   }
 };
 
-// Prefetches into L2 the 128-byte lines of rows row_of(i), i = first, first + stride, ... < rows, of
-// `bytes` bytes each: a lane a row, one prefetch.global.L2 a line, so that a warp issues a line of every
-// row with one instruction. (cp.async.bulk.prefetch takes its address in uniform registers, so the
-// compiler issued a warp's rows one lane at a time, in a loop over the lanes: docs/perf-notes.md, v16.)
-template <typename RowOf>
-__device__ __forceinline__ void prefetch_rows_l2(int rows, uint32_t bytes, int first, int stride, RowOf&& row_of) {
+// Prefetches into L2 the 128-byte lines of the head rows row_of(i) (D elements of T), i = first,
+// first + stride, ... < rows: a lane a row, one prefetch.global.L2 a line, so that a warp issues a line
+// of every row with one instruction. (cp.async.bulk.prefetch takes its address in uniform registers,
+// so the compiler issued a warp's rows one lane at a time, in a loop over the lanes:
+// docs/perf-notes.md, v16.)
+template <typename T, typename RowOf>
+__device__ __forceinline__ void prefetch_rows_l2(const BackwardArgs<T>& a, int rows, int first, int stride,
+                                                 RowOf&& row_of) {
+  const uint32_t bytes = static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)});
   for (int i = first; i < rows; i += stride) {
     const uint64_t start = reinterpret_cast<uint64_t>(row_of(i));
     const uint64_t last = (start + bytes - 1) & ~uint64_t{127};
@@ -476,7 +479,7 @@ __device__ __forceinline__ void prefetch_token_inputs(const BackwardArgs<T>& a, 
   // (The test of BackwardArgs::wants_tables spelled out: the call moved this site's code.)
   const bool tables = a.grad_cos.data != nullptr || a.grad_sin.data != nullptr;
   const int rows = 2 + (tables ? static_cast<int>(a.heads) : 0);  // cos, sin, then a key row a head
-  prefetch_rows_l2(rows, static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)}), lane, 32, [&](int i) {
+  prefetch_rows_l2(a, rows, lane, 32, [&](int i) {
     return i == 0 ? a.cos.row(c.b, c.t) : i == 1 ? a.sin.row(c.b, c.t) : a.key.row(c.b, i - 2, c.t);
   });
 }
@@ -488,8 +491,7 @@ template <typename T>
 __device__ __forceinline__ void prefetch_token_rows(const BackwardArgs<T>& a, const TokenCursor& c, int64_t r,
                                                     int lane) {
   const int heads = static_cast<int>(a.heads);
-  prefetch_rows_l2(2 * heads, static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)}), c.part * 32 + lane,
-                   32 << a.token_parts_log2,
+  prefetch_rows_l2(a, 2 * heads, c.part * 32 + lane, 32 << a.token_parts_log2,
                    [&](int i) { return i < heads ? a.gk.row(c.b, i, r) : a.gv.row(c.b, i - heads, r); });
 }
 
