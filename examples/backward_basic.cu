@@ -7,13 +7,13 @@
 #include <random>
 #include <vector>
 
-#define CHECK_CUDA(call)                                                                     \
-  do {                                                                                       \
-    cudaError_t err_ = (call);                                                               \
-    if (err_ != cudaSuccess) {                                                               \
+#define CHECK_CUDA(call)                                                                           \
+  do {                                                                                             \
+    cudaError_t err_ = (call);                                                                     \
+    if (err_ != cudaSuccess) {                                                                     \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-      return 1;                                                                              \
-    }                                                                                        \
+      return 1;                                                                                    \
+    }                                                                                              \
   } while (0)
 
 using T = __nv_bfloat16;
@@ -47,8 +47,17 @@ int main() {
   int64_t* pos;
   int* flag;
   void* workspace;  // optional: lets the blocks share a large cache's copy (docs/api.md)
-  for (auto [p, n] : {std::pair{&gk, cache}, {&gv, cache}, {&key, tok}, {&cos, tab}, {&sin, tab}, {&gks, tok},
-                      {&gvs, tok}, {&gcos, tab}, {&gsin, tab}, {&gk_in, cache}, {&gv_in, cache}})
+  for (auto [p, n] : {std::pair{&gk, cache},
+                      {&gv, cache},
+                      {&key, tok},
+                      {&cos, tab},
+                      {&sin, tab},
+                      {&gks, tok},
+                      {&gvs, tok},
+                      {&gcos, tab},
+                      {&gsin, tab},
+                      {&gk_in, cache},
+                      {&gv_in, cache}})
     CHECK_CUDA(cudaMalloc(p, n * sizeof(T)));
   CHECK_CUDA(cudaMalloc(&pos, S * sizeof(int64_t)));
   CHECK_CUDA(cudaMalloc(&flag, sizeof(int)));
@@ -112,9 +121,10 @@ int main() {
   out.grad_key_cache_input = kvrope::bhsd<const T>(o_gk_in.data(), H, L, D);
   out.grad_value_cache_input = kvrope::bhsd<const T>(o_gv_in.data(), H, L, D);
   const kvrope::reference::CheckResult r = kvrope::reference::check_backward(host, out);
-  std::printf("kv_cache_rope_backward bf16 B=%lld H=%lld S=%lld S_max=%lld D=%lld: %lld values checked, %lld wrong%s%s\n",
-              (long long)B, (long long)H, (long long)S, (long long)L, (long long)D, (long long)r.checked,
-              (long long)r.mismatches, r.ok() ? "" : ", first: ", r.first_mismatch.c_str());
+  std::printf(
+      "kv_cache_rope_backward bf16 B=%lld H=%lld S=%lld S_max=%lld D=%lld: %lld values checked, %lld wrong%s%s\n",
+      (long long)B, (long long)H, (long long)S, (long long)L, (long long)D, (long long)r.checked,
+      (long long)r.mismatches, r.ok() ? "" : ", first: ", r.first_mismatch.c_str());
 
   for (T* ptr : {gk, gv, key, cos, sin, gks, gvs, gcos, gsin, gk_in, gv_in}) cudaFree(ptr);
   cudaFree(pos);

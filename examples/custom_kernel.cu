@@ -64,15 +64,19 @@ int main() {
   for (int r = 0; r < rows; ++r) {
     const int s = r / H;
     for (int d = 0; d < kHeadDim; ++d) {
-      const auto at = [&](const std::vector<T>& v, int row, int col) { return double(__bfloat162float(v[row * kHeadDim + col])); };
+      const auto at = [&](const std::vector<T>& v, int row, int col) {
+        return double(__bfloat162float(v[row * kHeadDim + col]));
+      };
       const double x = at(h_q, r, d), partner = d < kHalf ? -at(h_q, r, d + kHalf) : at(h_q, r, d - kHalf);
       const double want = x * at(h_cos, s, d) + partner * at(h_sin, s, d);
       worst_rotated = std::fmax(worst_rotated, std::fabs(at(out, r, d) - want) / (std::fabs(want) + 1e-2));
       worst_restored = std::fmax(worst_restored, std::fabs(at(back, r, d) - x));
     }
   }
-  std::printf("rope_forward relative error %.2e (bf16 rounding 3.9e-03); forward then backward restores the "
-              "input within %.2e\n", worst_rotated, worst_restored);
+  std::printf(
+      "rope_forward relative error %.2e (bf16 rounding 3.9e-03); forward then backward restores the "
+      "input within %.2e\n",
+      worst_rotated, worst_restored);
   cudaFree(q);
   cudaFree(restored);
   cudaFree(cos);

@@ -1,4 +1,5 @@
-// Parameters of the backward op (DESIGN.md section 1): plain structs of pointers and int64 strides.
+// Parameters of the backward op (docs/spec.md §1): plain structs of pointers and int64 strides, and the
+// plan a call launches.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +20,9 @@ struct BackwardCommon {
   int64_t cache_len = 0;  //!< S_max, rows of the cache
   int64_t head_dim = 0;   //!< D, positive and even
 
-  HeadRows<const T> key_states;  //!< k [B, H, S, D]; read only when grad_cos or grad_sin is requested
-  TokenRows<const T> cos;        //!< [B, S, D]; batch_stride 0 shares one table across the batch
-  TokenRows<const T> sin;        //!< [B, S, D]; batch_stride 0 shares one table across the batch
+  HeadRows<const T> key_states;         //!< k [B, H, S, D]; read only when grad_cos or grad_sin is requested
+  TokenRows<const T> cos;               //!< [B, S, D]; batch_stride 0 shares one table across the batch
+  TokenRows<const T> sin;               //!< [B, S, D]; batch_stride 0 shares one table across the batch
   const Pos* cache_position = nullptr;  //!< [S] device array; values in [-S_max, S_max), negatives wrap
 
   HeadRows<T> grad_key_states;    //!< out [B, H, S, D]
@@ -43,14 +44,10 @@ struct BackwardParams : BackwardCommon<T, Pos> {
   HeadRows<T> grad_key_cache_input;    //!< out [B, H, S_max, D]: gK with rows cache_position zeroed
   HeadRows<T> grad_value_cache_input;  //!< out [B, H, S_max, D]: gV with rows cache_position zeroed
 
-  //! Optional device buffer of kBackwardWorkspaceBytes (4-byte aligned), all zero when the call
-  //! starts; the kernel leaves it zero when it ends, so zero it once (cudaMemset, or
-  //! reset_workspace) and pass it to every call. With it, the blocks share the copy of a large
-  //! cache at run time (each takes its next chunk from a counter in the workspace), so the SMs that
-  //! stream faster copy more: 5-7 % faster on the large caches of the benchmark on an H200
-  //! (docs/perf-notes.md, v6).
-  //! Without it, each block copies a fixed share. Calls that may run at the same time (on other
-  //! streams, or in parallel branches of a graph) each need a workspace of their own.
+  //! Optional device buffer of kBackwardWorkspaceBytes (4-byte aligned), zero before the first call
+  //! (reset_workspace) and left zero by each call. With it, the blocks share a large cache's copy at
+  //! run time (5-7 % faster on the benchmark's large caches, H200). Calls that may run concurrently
+  //! each need their own.
   void* workspace = nullptr;
 };
 
@@ -67,5 +64,32 @@ struct BackwardInPlaceParams : BackwardCommon<T, Pos> {
 
 //! Bit set in BackwardCommon::error_flag when a cache_position is outside [-S_max, S_max).
 constexpr int kErrorPositionOutOfRange = 1;
+
+//! Which kernel a call launches.
+enum class BackwardKernel : int {
+  kNone = 0,  //!< nothing to read or write (for example B = 0): nothing is launched
+  kFused,     //!< the fused kernel: token work beside the cache copy, a bitmask of the rows written
+  kDecode,    //!< the kernel for one token a batch (S = 1), no bitmask
+};
+
+//! Which instance of the kernel a call takes.
+enum class BackwardPath : int {
+  kNothingToDo = 0,    //!< nothing is launched
+  kCompiledHeadDim,    //!< head_dim has a compile-time instance, 16-byte accesses
+  kGenericVectorized,  //!< head_dim read at run time, 16-byte accesses
+  kGenericScalar,      //!< a pointer or stride not 16-byte aligned (or D/2 not a multiple of the vector)
+};
+
+//! What a call launches, as plan_backward reports it without launching.
+struct BackwardPlan {
+  BackwardKernel kernel = BackwardKernel::kNone;
+  BackwardPath path = BackwardPath::kNothingToDo;
+  int head_dim_instance = 0;  //!< the compiled head dim, 0 for the generic instances
+  int vec_width = 0;          //!< elements per access
+  int grid = 0;               //!< blocks (one wave at most)
+  int block = 0;              //!< threads per block
+  int shared_bytes = 0;       //!< dynamic shared memory per block
+  bool bulk_copy = false;     //!< out of place: the caches are copied by the bulk-copy engine (sm_90+)
+};
 
 }  // namespace kvrope

@@ -1,12 +1,11 @@
-// kvrope: fused KV-cache + RoPE kernels. The umbrella header.
+// kvrope: fused KV-cache + RoPE kernels. The umbrella header (the experimental/ headers are not in it).
 #pragma once
 
-#include "backward.cuh"          // IWYU pragma: export
-#include "backward_params.cuh"   // IWYU pragma: export
-#include "core/arch.cuh"         // IWYU pragma: export
-#include "core/dispatch.cuh"     // IWYU pragma: export
-#include "core/dtype.cuh"        // IWYU pragma: export
-#include "core/status.cuh"       // IWYU pragma: export
-#include "core/tensor.cuh"       // IWYU pragma: export
-#include "core/vec.cuh"          // IWYU pragma: export
-#include "rope.cuh"              // IWYU pragma: export
+#include "backward.cuh"         // IWYU pragma: export
+#include "backward_params.cuh"  // IWYU pragma: export
+#include "core/dispatch.cuh"    // IWYU pragma: export
+#include "core/dtype.cuh"       // IWYU pragma: export
+#include "core/status.cuh"      // IWYU pragma: export
+#include "core/tensor.cuh"      // IWYU pragma: export
+#include "core/vec.cuh"         // IWYU pragma: export
+#include "rope.cuh"             // IWYU pragma: export

@@ -16,7 +16,7 @@ struct RopeChunk {
 
   __host__ __device__ static RopeChunk zeros() {
     RopeChunk c;
-KVROPE_UNROLL
+    KVROPE_UNROLL
     for (int i = 0; i < N; ++i) c.lo[i] = c.hi[i] = 0.0f;
     return c;
   }
@@ -28,7 +28,7 @@ template <int N>
 __host__ __device__ inline RopeChunk<N> rope_backward(const RopeChunk<N>& grad, const RopeChunk<N>& cos,
                                                       const RopeChunk<N>& sin) {
   RopeChunk<N> out;
-KVROPE_UNROLL
+  KVROPE_UNROLL
   for (int i = 0; i < N; ++i) {
     out.lo[i] = grad.lo[i] * cos.lo[i] + grad.hi[i] * sin.hi[i];
     out.hi[i] = grad.hi[i] * cos.hi[i] - grad.lo[i] * sin.lo[i];
@@ -41,7 +41,7 @@ template <int N>
 __host__ __device__ inline RopeChunk<N> rope_forward(const RopeChunk<N>& x, const RopeChunk<N>& cos,
                                                      const RopeChunk<N>& sin) {
   RopeChunk<N> out;
-KVROPE_UNROLL
+  KVROPE_UNROLL
   for (int i = 0; i < N; ++i) {
     out.lo[i] = x.lo[i] * cos.lo[i] - x.hi[i] * sin.lo[i];
     out.hi[i] = x.hi[i] * cos.hi[i] + x.lo[i] * sin.hi[i];
@@ -55,7 +55,7 @@ KVROPE_UNROLL
 template <int N>
 __host__ __device__ inline void accumulate_rope_table_grads(const RopeChunk<N>& grad, const RopeChunk<N>& key,
                                                             RopeChunk<N>& grad_cos, RopeChunk<N>& grad_sin) {
-KVROPE_UNROLL
+  KVROPE_UNROLL
   for (int i = 0; i < N; ++i) {
     grad_cos.lo[i] += grad.lo[i] * key.lo[i];
     grad_cos.hi[i] += grad.hi[i] * key.hi[i];
@@ -90,7 +90,7 @@ __device__ __forceinline__ void store_chunk(T* row, int64_t h, int64_t i0, const
 template <int N>
 __device__ __forceinline__ void sum_across_lanes(RopeChunk<N>& c, int lanes) {
   for (int offset = 1; offset < lanes; offset <<= 1) {
-KVROPE_UNROLL
+    KVROPE_UNROLL
     for (int i = 0; i < N; ++i) {
       c.lo[i] += __shfl_xor_sync(0xffffffffu, c.lo[i], offset);
       c.hi[i] += __shfl_xor_sync(0xffffffffu, c.hi[i], offset);

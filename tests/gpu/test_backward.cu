@@ -11,10 +11,10 @@ using namespace kvrope::testing;
 
 namespace {
 
-const Positions kAllPatterns[] = {Positions::kArange, Positions::kPermutation, Positions::kSparse,
-                                  Positions::kNegative, Positions::kDuplicates, Positions::kOutOfRange};
-const Variant kAllVariants[] = {Variant::kOutOfPlace, Variant::kInPlace, Variant::kNaive,
-                                Variant::kOutOfPlaceNoTables, Variant::kInPlaceNoTables};
+const Positions kAllPatterns[] = {Positions::kArange,   Positions::kPermutation, Positions::kSparse,
+                                  Positions::kNegative, Positions::kDuplicates,  Positions::kOutOfRange};
+const Variant kAllVariants[] = {Variant::kOutOfPlace, Variant::kInPlace, Variant::kNaive, Variant::kOutOfPlaceNoTables,
+                                Variant::kInPlaceNoTables};
 
 template <typename T, typename Pos>
 void run(const Config& cfg) {
@@ -27,8 +27,8 @@ const Shape kCases[] = {{2, 8, 211, 1024, 128}, {1, 8, 1, 256, 128}, {32, 8, 1, 
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("backward matches the float64 reference on small shapes, every head dim", "[gpu]",
-                   __nv_bfloat16, __half, float) {
+TEMPLATE_TEST_CASE("backward matches the float64 reference on small shapes, every head dim", "[gpu]", __nv_bfloat16,
+                   __half, float) {
   // 64..256 are compiled instances; 48 and 512 take the generic vectorized path (512: more chunk
   // pairs than lanes), 40 and 2 the scalar path for 16-bit types.
   const int64_t head_dims[] = {64, 80, 96, 128, 256, 48, 512, 40, 2};
@@ -41,13 +41,15 @@ TEMPLATE_TEST_CASE("backward matches the float64 reference on small shapes, ever
           for (Variant variant : kAllVariants) {
             shape.head_dim = d;
             Config cfg{shape, layout, positions, variant, seed % 3 == 0, seed};
-            if (seed % 2) run<TestType, int64_t>(cfg); else run<TestType, int32_t>(cfg);
+            if (seed % 2)
+              run<TestType, int64_t>(cfg);
+            else
+              run<TestType, int32_t>(cfg);
             ++seed;
           }
 }
 
-TEMPLATE_TEST_CASE("backward on leaderboard case shapes 4, 8, 10, 16", "[gpu][cases]", __nv_bfloat16, __half,
-                   float) {
+TEMPLATE_TEST_CASE("backward on leaderboard case shapes 4, 8, 10, 16", "[gpu][cases]", __nv_bfloat16, __half, float) {
   uint64_t seed = 100;
   for (const Shape& shape : kCases)
     for (Layout layout : {Layout::kBHSD, Layout::kBSHD})
@@ -66,10 +68,10 @@ TEMPLATE_TEST_CASE("a token whose position is out of range has zero outputs what
   // The out-of-range tokens' key rows are +Inf and their cos / sin rows NaN / -Inf (rows no valid
   // token reads): their grad_key_states, grad_value_states, grad_cos and grad_sin must still be
   // zeros (a zero gradient times an infinite input would be NaN), every other output as usual.
-  // S = 1 through the decode kernel (its warps a token as chosen, one, two, four; BSHD with one
-  // table for the batch, more heads than a pass covers, padded rows) and, with it off, the fused one;
-  // S > 1 through the fused kernel (out of place: the bulk copy; in place), BSHD with one table for
-  // the batch, and the scalar path.
+  // S = 1 through the decode kernel (BSHD with one table for the batch, more heads than a pass covers,
+  // padded rows) and the fused one (out of place with the decode kernel's cache limit at zero; in place
+  // a head dim with no decode instance); S > 1 through the fused kernel (out of place: the bulk copy;
+  // in place), BSHD with one table for the batch, and the scalar path.
   Config configs[] = {
       {{3, 8, 1, 64, 128}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlace, false, 301},
       {{3, 8, 1, 64, 128}, Layout::kBHSD, Positions::kOutOfRange, Variant::kInPlace, false, 302},
@@ -81,14 +83,14 @@ TEMPLATE_TEST_CASE("a token whose position is out of range has zero outputs what
       {{3, 5, 1, 9, 16}, Layout::kBSHD, Positions::kOutOfRange, Variant::kOutOfPlace, true, 308},
       {{2, 37, 1, 9, 32}, Layout::kBHSD, Positions::kOutOfRange, Variant::kInPlace, false, 309},
       {{2, 8, 1, 33, 64}, Layout::kBHSD, Positions::kOutOfRange, Variant::kOutOfPlace, false, 310},
+      {{3, 8, 1, 64, 96}, Layout::kBHSD, Positions::kOutOfRange, Variant::kInPlace, false, 311},
   };
-  configs[6].offset = 1;  // misaligned: the scalar path
+  configs[6].offset = 1;   // misaligned: the scalar path
   configs[9].pad_row = 8;  // padded rows and heads, still 16-byte aligned
   configs[9].pad_head = 16;
   for (const Config& cfg : configs)
-    for (const int warps : {-1, 0, 1, 2, 4}) {  // -1: the decode kernel off; else its warps a token
-      if (warps != 0 && cfg.shape.seq_len != 1) continue;  // S > 1: the fused kernel, once
-      const bool decode = warps >= 0;
+    for (const bool decode : {true, false}) {  // false: out of place, the decode kernel's cache limit at 0
+      if (!decode && (cfg.shape.seq_len != 1 || cfg.variant != Variant::kOutOfPlace)) continue;
       Problem<TestType, int64_t> p(cfg);
       const Shape& sh = cfg.shape;
       std::vector<TestType> key = p.key.to_host(), cos = p.cos.to_host(), sin = p.sin.to_host();
@@ -110,13 +112,16 @@ TEMPLATE_TEST_CASE("a token whose position is out of range has zero outputs what
       KVROPE_CUDA_REQUIRE(cudaMemcpy(p.key.get(), key.data(), key.size() * sizeof(TestType), cudaMemcpyHostToDevice));
       KVROPE_CUDA_REQUIRE(cudaMemcpy(p.cos.get(), cos.data(), cos.size() * sizeof(TestType), cudaMemcpyHostToDevice));
       KVROPE_CUDA_REQUIRE(cudaMemcpy(p.sin.get(), sin.data(), sin.size() * sizeof(TestType), cudaMemcpyHostToDevice));
-      const LaunchTuning tuning = decode_tuning(warps);
-      BackwardPlan plan;
-      REQUIRE(p.plan(&plan, &tuning).ok());
-      INFO(cfg.describe() << " decode kernel " << plan.decode << " warps a token " << plan.token_parts << " path "
-                          << static_cast<int>(plan.path));
-      CHECK(plan.decode == (decode && sh.seq_len == 1 && cfg.offset == 0));
-      p.run_and_check(&tuning);
+      LaunchPolicy policy = device_policy();
+      if (!decode) policy.decode_copy_max_mib = 0;
+      LaunchConfig launch;
+      REQUIRE(p.plan(&launch, &policy).ok());
+      INFO(cfg.describe() << " kernel " << static_cast<int>(launch.plan.kernel) << " warps a token "
+                          << launch.token_parts << " path " << static_cast<int>(launch.plan.path));
+      const bool decode_dim = detail::decode_head_dim_ok<TestType>(sh.head_dim);
+      CHECK((launch.plan.kernel == BackwardKernel::kDecode) ==
+            (decode && sh.seq_len == 1 && cfg.offset == 0 && decode_dim));
+      p.run_and_check(&policy);
     }
 }
 
@@ -140,8 +145,8 @@ TEST_CASE("empty problems: B = 0 does nothing, S = 0 still copies the caches", "
 }
 
 TEST_CASE("a rejected call launches nothing and writes nothing", "[gpu]") {
-  Problem<__nv_bfloat16, int64_t> problem(Config{{2, 4, 8, 32, 128}, Layout::kBHSD, Positions::kArange,
-                                                 Variant::kOutOfPlace, false, 11});
+  Problem<__nv_bfloat16, int64_t> problem(
+      Config{{2, 4, 8, 32, 128}, Layout::kBHSD, Positions::kArange, Variant::kOutOfPlace, false, 11});
   problem.poison_outputs();
   auto p = problem.device_params();
   p.head_dim = 127;
@@ -153,8 +158,8 @@ TEST_CASE("a rejected call launches nothing and writes nothing", "[gpu]") {
   p.grad_key_cache_input.data = problem.gk.get();  // out-of-place output aliasing its input
   CHECK(kv_cache_rope_backward(p).code == StatusCode::kAliasedBuffers);
   KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
-  for (const DeviceBuffer<__nv_bfloat16>* b : {&problem.gks, &problem.gvs, &problem.gcos, &problem.gsin,
-                                               &problem.gk_in, &problem.gv_in}) {
+  for (const DeviceBuffer<__nv_bfloat16>* b :
+       {&problem.gks, &problem.gvs, &problem.gcos, &problem.gsin, &problem.gk_in, &problem.gv_in}) {
     const auto host = b->to_host();
     const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
     CHECK(std::all_of(bytes, bytes + host.size() * sizeof(__nv_bfloat16), [](unsigned char c) { return c == 0xFF; }));
@@ -162,8 +167,8 @@ TEST_CASE("a rejected call launches nothing and writes nothing", "[gpu]") {
 }
 
 TEST_CASE("the fast path is taken when alignment allows, the scalar path otherwise", "[gpu]") {
-  Problem<__nv_bfloat16, int64_t> problem(Config{{2, 4, 8, 32, 128}, Layout::kBHSD, Positions::kArange,
-                                                 Variant::kOutOfPlace, false, 12});
+  Problem<__nv_bfloat16, int64_t> problem(
+      Config{{2, 4, 8, 32, 128}, Layout::kBHSD, Positions::kArange, Variant::kOutOfPlace, false, 12});
   BackwardPlan plan;
   auto p = problem.device_params();
   REQUIRE(plan_backward(p, &plan).ok());

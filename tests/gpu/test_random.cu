@@ -44,8 +44,8 @@ Draw draw(std::mt19937_64& rng, uint64_t seed) {
   while (s.batch * s.heads * s.cache_len * s.head_dim > (int64_t{1} << 22) && s.heads > 1) s.heads /= 2;
   d.cfg.shape = s;
   d.cfg.layout = uniform(0, 1) ? Layout::kBHSD : Layout::kBSHD;
-  const Positions patterns[] = {Positions::kArange, Positions::kPermutation, Positions::kSparse,
-                                Positions::kNegative, Positions::kDuplicates, Positions::kOutOfRange};
+  const Positions patterns[] = {Positions::kArange,   Positions::kPermutation, Positions::kSparse,
+                                Positions::kNegative, Positions::kDuplicates,  Positions::kOutOfRange};
   d.cfg.positions = patterns[uniform(0, 5)];
   const Variant variants[] = {Variant::kOutOfPlace, Variant::kInPlace, Variant::kOutOfPlaceNoTables,
                               Variant::kInPlaceNoTables, Variant::kNaive};
@@ -83,8 +83,10 @@ TEST_CASE("random configurations match the float64 reference", "[gpu][random]") 
   for (int64_t i = 0; i < configs; ++i) {
     const Draw d = draw(rng, seed * 1000003u + static_cast<uint64_t>(i));
     INFO("run seed " << seed << ", configuration " << i << " of " << configs << ", dtype "
-                     << (d.dtype == 0 ? "bf16" : d.dtype == 1 ? "fp16" : "fp32") << (d.pos64 ? " int64" : " int32")
-                     << " positions: " << d.cfg.describe());
+                     << (d.dtype == 0   ? "bf16"
+                         : d.dtype == 1 ? "fp16"
+                                        : "fp32")
+                     << (d.pos64 ? " int64" : " int32") << " positions: " << d.cfg.describe());
     switch (d.dtype) {
       case 0: run_one<__nv_bfloat16>(d); break;
       case 1: run_one<__half>(d); break;

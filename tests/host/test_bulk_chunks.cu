@@ -7,16 +7,16 @@
 
 #include "support/catch.hpp"
 
-using kvrope::detail::BackwardArgs;
 using kvrope::detail::BulkCursor;
 using kvrope::detail::BulkRange;
 using kvrope::detail::BulkWindow;
+using kvrope::detail::FusedArgs;
 
 namespace {
 
-BackwardArgs<__nv_bfloat16> args(int64_t batch, int64_t heads, int64_t cache_len, int64_t head_dim,
-                                 int64_t window_rows, int chunk_rows) {
-  BackwardArgs<__nv_bfloat16> a{};
+FusedArgs<__nv_bfloat16> args(int64_t batch, int64_t heads, int64_t cache_len, int64_t head_dim, int64_t window_rows,
+                              int chunk_rows) {
+  FusedArgs<__nv_bfloat16> a{};
   a.bulk_chunk_rows = chunk_rows;
   a.batch = batch;
   a.heads = heads;
@@ -39,24 +39,25 @@ void check_chunk(const BulkWindow& w, int64_t c, const BulkCursor& got) {
   CHECK(got.n <= w.rows_per_chunk);
   CHECK(got.r0 + got.n <= w.w0 + w.wlen);
   // The chunks of one slab tile its rows: the last one ends at the window's end.
-  if (k == w.per_slab - 1) CHECK(got.r0 + got.n == w.w0 + w.wlen);
-  else CHECK(got.n == w.rows_per_chunk);
+  if (k == w.per_slab - 1)
+    CHECK(got.r0 + got.n == w.w0 + w.wlen);
+  else
+    CHECK(got.n == w.rows_per_chunk);
 }
 
 }  // namespace
 
-TEST_CASE("the cursor walks every block's range exactly as the plain decoding numbers the chunks",
-          "[host][bulk]") {
+TEST_CASE("the cursor walks every block's range exactly as the plain decoding numbers the chunks", "[host][bulk]") {
   struct Shape {
     int64_t batch, heads, cache_len, head_dim, window_rows;
     int chunk_rows;  // asked for (0: a full stage)
   };
   // D = 128 bf16: 128 rows a 32 KiB chunk; D = 48: 341 rows; windows cut long caches; small caches
   // get chunks of fewer rows.
-  const Shape shapes[] = {{1, 8, 256, 128, 256, 0},   {32, 8, 2048, 128, 2048, 0}, {3, 5, 33, 48, 64, 0},
-                          {2, 1, 1000, 128, 256, 0},  {1, 64, 129, 128, 160, 0},   {70, 1, 2, 64, 32, 0},
-                          {4, 1, 70000, 128, 65536, 0}, {1, 8, 256, 128, 256, 16},  {2, 3, 1000, 128, 1024, 32},
-                          {3, 5, 33, 48, 64, 8},      {1, 2, 100, 128, 128, 1000}};
+  const Shape shapes[] = {{1, 8, 256, 128, 256, 0},     {32, 8, 2048, 128, 2048, 0}, {3, 5, 33, 48, 64, 0},
+                          {2, 1, 1000, 128, 256, 0},    {1, 64, 129, 128, 160, 0},   {70, 1, 2, 64, 32, 0},
+                          {4, 1, 70000, 128, 65536, 0}, {1, 8, 256, 128, 256, 16},   {2, 3, 1000, 128, 1024, 32},
+                          {3, 5, 33, 48, 64, 8},        {1, 2, 100, 128, 128, 1000}};
   for (const Shape& sh : shapes) {
     const auto a = args(sh.batch, sh.heads, sh.cache_len, sh.head_dim, sh.window_rows, sh.chunk_rows);
     const int64_t stage_rows = kvrope::detail::kBulkStageBytes / (sh.head_dim * 2);

@@ -85,10 +85,10 @@ TEST_CASE("check_backward on padded BSHD views with a broadcast table", "[host][
     T* element;
     const char* name;
   };
-  for (const Case c : {Case{&gks.row(1, 2, 4)[7], "grad_key_states"}, Case{&gvs.row(0, 0, 1)[0], "grad_value_states"},
-                       Case{&gk_in.row(1, 0, 2)[3], "grad_key_cache_input"},
-                       Case{&gv_in.row(0, 2, 3)[1], "grad_value_cache_input"}, Case{&gcos[B * S * D - 1], "grad_cos"},
-                       Case{&gsin[0], "grad_sin"}}) {
+  for (const Case c :
+       {Case{&gks.row(1, 2, 4)[7], "grad_key_states"}, Case{&gvs.row(0, 0, 1)[0], "grad_value_states"},
+        Case{&gk_in.row(1, 0, 2)[3], "grad_key_cache_input"}, Case{&gv_in.row(0, 2, 3)[1], "grad_value_cache_input"},
+        Case{&gcos[B * S * D - 1], "grad_cos"}, Case{&gsin[0], "grad_sin"}}) {
     const T saved = *c.element;
     *c.element = __float2bfloat16(__bfloat162float(saved) + 1.0f);
     r = reference::check_backward(in, out);

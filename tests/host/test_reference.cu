@@ -10,7 +10,7 @@ using namespace kvrope;
 namespace {
 // B = 1, H = 2, S = 1, S_max = 2, D = 2 (h = 1), cache_position = [1].
 struct Tiny {
-  std::vector<float> gk{1, 2, 3, 4, 5, 6, 7, 8};           // [head][row][d]
+  std::vector<float> gk{1, 2, 3, 4, 5, 6, 7, 8};  // [head][row][d]
   std::vector<float> gv{9, 10, 11, 12, 13, 14, 15, 16};
   std::vector<float> key{1, -1, 2, 0.5f};                  // [head][token][d]
   std::vector<float> cos{0.5f, 0.25f}, sin{0.75f, -0.5f};  // [token][d]

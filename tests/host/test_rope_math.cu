@@ -33,7 +33,7 @@ TEST_CASE("rope_forward on a hand-worked row", "[host][rope]") {
 TEST_CASE("accumulate_rope_table_grads on a hand-worked row", "[host][rope]") {
   RopeChunk<2> gcos = RopeChunk<2>::zeros(), gsin = RopeChunk<2>::zeros();
   accumulate_rope_table_grads(chunk(1, 2, 3, 4), chunk(5, 6, 7, 8), gcos, gsin);
-  CHECK(gcos.lo[0] == 5);   // g * k
+  CHECK(gcos.lo[0] == 5);  // g * k
   CHECK(gcos.lo[1] == 12);
   CHECK(gcos.hi[0] == 21);
   CHECK(gcos.hi[1] == 32);
@@ -76,7 +76,7 @@ TEST_CASE("FastDivmod agrees with / and %", "[host][divmod]") {
     const detail::FastDivmod fd(d);
     for (int i = 0; i < 20000; ++i) {
       uint64_t n = rng();
-      if (i % 3) n &= 0xFFFFFFFFull;  // mostly the fast path, sometimes the 64-bit one
+      if (i % 3) n &= 0xFFFFFFFFull;                           // mostly the fast path, sometimes the 64-bit one
       if (i % 5 == 0) n = (n % 4) + uint64_t{d} * (n % 1000);  // near multiples
       uint64_t rem = 0;
       const uint64_t q = fd.divmod(n, rem);
@@ -87,7 +87,7 @@ TEST_CASE("FastDivmod agrees with / and %", "[host][divmod]") {
   }
 }
 
-TEST_CASE("ulp and the tolerance follow DESIGN.md", "[host][tolerance]") {
+TEST_CASE("ulp and the tolerance follow docs/spec.md §1.7", "[host][tolerance]") {
   using reference::ulp;
   CHECK(ulp<__nv_bfloat16>(1.0) == std::ldexp(1.0, -7));
   CHECK(ulp<__half>(1.0) == std::ldexp(1.0, -10));

@@ -12,7 +12,7 @@
 
 namespace {
 
-// The lanes' walk of process_token (backward_kernel.cuh), counting what each (head, pair) gets.
+// The lanes' walk of process_token (detail/fused/token_work.cuh), counting what each (head, pair) gets.
 template <int kHeadDim, int kVec>
 void check_cover(int64_t heads, int64_t head_dim, int parts) {
   const kvrope::detail::TokenLayout<kHeadDim, kVec> w(head_dim, heads, parts);
@@ -21,7 +21,7 @@ void check_cover(int64_t heads, int64_t head_dim, int parts) {
   REQUIRE(w.slots >= 1);
   REQUIRE(w.slots <= 32);
   REQUIRE((w.slots & (w.slots - 1)) == 0);  // a power of two: a chunk pair's lanes never straddle warps
-  REQUIRE((1 << w.slots_log2) == w.slots);   // the kernel shifts by it instead of dividing
+  REQUIRE((1 << w.slots_log2) == w.slots);  // the kernel shifts by it instead of dividing
   REQUIRE(w.pairs == head_dim / 2 / kVec);
   std::vector<int> seen(static_cast<size_t>(heads * w.pairs), 0);
   for (int part = 0; part < parts; ++part) {
@@ -48,8 +48,8 @@ TEST_CASE("every head row chunk of a token is covered once, whatever the parts",
     for (int64_t heads : {1, 2, 3, 5, 8, 16, 31, 32, 33, 64}) {
       check_cover<128, 4>(heads, 128, parts);  // bf16 / fp16 D = 128: 16 pairs of 4
       check_cover<64, 4>(heads, 64, parts);
-      check_cover<256, 4>(heads, 256, parts);  // 32 pairs
-      check_cover<80, 4>(heads, 80, parts);    // 10 pairs: not a power of two
+      check_cover<256, 4>(heads, 256, parts);                                         // 32 pairs
+      check_cover<80, 4>(heads, 80, parts);                                           // 10 pairs: not a power of two
       for (int64_t d : {2, 6, 48, 96, 130, 512}) check_cover<0, 1>(heads, d, parts);  // the scalar path
       for (int64_t d : {16, 48, 192}) check_cover<0, 4>(heads, d, parts);             // generic vectorized
     }
@@ -60,10 +60,10 @@ TEST_CASE("a token gets as many warps as the grid allows, up to what its row can
   using kvrope::detail::token_parts_log2;
   // H = 8, D = 128, 4 elements an access: 16 pairs x 8 slots = 128 lanes, so at most 4 warps.
   CHECK(token_parts_log2(1, 1452, 8, 128, 4) == 2);
-  CHECK(token_parts_log2(691, 1452, 8, 128, 4) == 1);    // leaderboard case 1: 1 382 items on 1 452 warps
-  CHECK(token_parts_log2(4096, 1452, 8, 128, 4) == 0);   // more tokens than warps: one warp a token
-  CHECK(token_parts_log2(1, 1452, 1, 128, 4) == 0);      // H = 1: 16 lanes already cover the row
-  CHECK(token_parts_log2(1, 1452, 64, 256, 1) == 3);     // at most 8 warps
+  CHECK(token_parts_log2(691, 1452, 8, 128, 4) == 1);   // leaderboard case 1: 1 382 items on 1 452 warps
+  CHECK(token_parts_log2(4096, 1452, 8, 128, 4) == 0);  // more tokens than warps: one warp a token
+  CHECK(token_parts_log2(1, 1452, 1, 128, 4) == 0);     // H = 1: 16 lanes already cover the row
+  CHECK(token_parts_log2(1, 1452, 64, 256, 1) == 3);    // at most 8 warps
   for (int64_t tokens : {1, 2, 7, 100, 1000, 100000})
     for (int64_t warps : {1, 12, 352, 1452, 3168})
       for (int64_t heads : {1, 3, 8, 32})

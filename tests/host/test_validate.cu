@@ -164,6 +164,13 @@ TEST_CASE("aliasing", "[host][validate]") {
   auto q = buf.in_place();
   q.grad_key_states = bhsd(buf.gk.data(), H, S, D);  // in-place: gK is written, so it is an output
   expect(q, StatusCode::kAliasedBuffers, "grad_key_cache");
+  // The status names both buffers of an overlap.
+  p = buf.out_of_place();
+  p.grad_key_cache_input = bhsd(buf.gk.data(), H, L, D);
+  CHECK(std::string(validate(p).other) == "grad_key_cache");
+  p = buf.out_of_place();
+  p.grad_value_states = bhsd(buf.gks.data() + D, H, S, D);
+  CHECK(std::string(validate(p).other) == "grad_key_states");
 
   // Two outputs interleaved in one buffer without sharing an element (a fused [B, S, 2, H, D]
   // gradient) are accepted; shifting one of them by half a row makes them collide.

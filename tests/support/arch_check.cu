@@ -5,11 +5,12 @@
 
 // The vectorized path of a compiled head dim, and the generic scalar path.
 template __global__ void kvrope::detail::backward_kernel<__nv_bfloat16, 128, 8, false>(
-    const kvrope::detail::BackwardArgs<__nv_bfloat16>);
+    const kvrope::detail::FusedArgs<__nv_bfloat16>);
 template __global__ void kvrope::detail::backward_kernel<__nv_bfloat16, 128, 8, true>(
-    const kvrope::detail::BackwardArgs<__nv_bfloat16>);
-template __global__ void kvrope::detail::backward_kernel<float, 0, 1, false>(const kvrope::detail::BackwardArgs<float>);
-template __global__ void kvrope::detail::backward_kernel<float, 0, 1, true>(const kvrope::detail::BackwardArgs<float>);
+    const kvrope::detail::FusedArgs<__nv_bfloat16>);
+template __global__ void kvrope::detail::backward_kernel<float, 0, 1, false>(const kvrope::detail::FusedArgs<float>);
+template __global__ void kvrope::detail::backward_kernel<float, 0, 1, true>(const kvrope::detail::FusedArgs<float>);
 // The decode kernel (S == 1): a compiled head dim and the generic one.
-template __global__ void kvrope::detail::decode_kernel<__nv_bfloat16, 128>(const kvrope::detail::BackwardArgs<__nv_bfloat16>);
-template __global__ void kvrope::detail::decode_kernel<float, 0>(const kvrope::detail::BackwardArgs<float>);
+template __global__ void kvrope::detail::decode_kernel<__nv_bfloat16, 128>(
+    const kvrope::detail::DecodeArgs<__nv_bfloat16>);
+template __global__ void kvrope::detail::decode_kernel<float, 0>(const kvrope::detail::DecodeArgs<float>);

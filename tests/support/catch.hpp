@@ -19,10 +19,10 @@ namespace Catch {
 using Detail::Approx;
 }  // namespace Catch
 
-#define KVROPE_SKIP(msg) \
-  do {                   \
+#define KVROPE_SKIP(msg)      \
+  do {                        \
     WARN("SKIPPED: " << msg); \
-    return;              \
+    return;                   \
   } while (false)
 
 #elif KVROPE_CATCH2_MAJOR == 3

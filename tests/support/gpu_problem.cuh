@@ -2,6 +2,7 @@
 // implementations (fused out-of-place, fused in-place, naive), and the float64 check of what they wrote.
 #pragma once
 
+#include <kvrope/experimental/launch_policy.cuh>
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_backward.hpp>
 #include <kvrope/reference/naive_backward.cuh>
@@ -16,11 +17,11 @@
 
 #include "support/catch.hpp"
 
-#define KVROPE_CUDA_REQUIRE(call)                                                   \
-  do {                                                                              \
-    const cudaError_t kvrope_err_ = (call);                                         \
-    INFO(#call << " -> " << cudaGetErrorString(kvrope_err_));                       \
-    REQUIRE(kvrope_err_ == cudaSuccess);                                            \
+#define KVROPE_CUDA_REQUIRE(call)                             \
+  do {                                                        \
+    const cudaError_t kvrope_err_ = (call);                   \
+    INFO(#call << " -> " << cudaGetErrorString(kvrope_err_)); \
+    REQUIRE(kvrope_err_ == cudaSuccess);                      \
   } while (false)
 
 namespace kvrope::testing {
@@ -62,7 +63,11 @@ class DeviceBuffer {
 template <typename T>
 __host__ __device__ inline T normal_at(uint64_t seed, size_t i) {
   uint64_t x = seed ^ (i * 0x9E3779B97F4A7C15ull);
-  x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 27; x *= 0x94D049BB133111EBull; x ^= x >> 33;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 33;
   const float u1 = (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
   const float u2 = static_cast<float>((x >> 16) & 0xFFFFFF) * (1.0f / 16777216.0f);
   float z = sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2);
@@ -171,13 +176,15 @@ std::vector<Pos> make_positions(Positions pattern, int64_t S, int64_t L, std::mt
   return std::vector<Pos>(p.begin(), p.end());
 }
 
-//! The Hopper defaults with the decode kernel (S = 1) at `warps` warps a token (0: its own choice),
-//! or off (`warps` < 0): the S = 1 tests' axis.
-inline LaunchTuning decode_tuning(int warps) {
-  LaunchTuning tuning = default_tuning(9, 0);
-  tuning.decode_kernel = warps >= 0;
-  tuning.decode_token_warps = std::max(warps, 0);
-  return tuning;
+using experimental::LaunchConfig;
+using experimental::LaunchPolicy;
+
+//! The device's own launch policy, to change a field of (tests of paths the default does not take).
+inline LaunchPolicy device_policy() {
+  int device = 0, major = 0;
+  KVROPE_CUDA_REQUIRE(cudaGetDevice(&device));
+  KVROPE_CUDA_REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return experimental::default_policy(major);
 }
 
 //! A whole problem on the device: inputs, NaN-poisoned outputs, and host copies for the check.
@@ -187,7 +194,7 @@ struct Problem {
   DeviceBuffer<T> gk, gv, key, cos, sin, gks, gvs, gcos, gsin, gk_in, gv_in;
   DeviceBuffer<Pos> pos;
   DeviceBuffer<int> flag;
-  DeviceBuffer<char> workspace;  // the naive reference's temporaries
+  DeviceBuffer<char> workspace;    // the naive reference's temporaries
   DeviceBuffer<unsigned> tickets;  // BackwardParams::workspace: zeroed once, left zero by every call
   bool use_workspace = true;       // out-of-place calls get `tickets` as their workspace
   std::vector<Pos> host_pos;
@@ -305,33 +312,36 @@ struct Problem {
 
   bool in_place() const { return cfg.variant == Variant::kInPlace || cfg.variant == Variant::kInPlaceNoTables; }
 
-  //! Launches the configured implementation on `stream` (no synchronization), with `tuning` when
-  //! given instead of the device's default launch parameters (the fused variants).
-  Status launch(cudaStream_t stream = nullptr, const LaunchTuning* tuning = nullptr) {
+  //! Launches the configured implementation on `stream` (no synchronization), with `policy` when
+  //! given instead of the device's own (the fused variants, through the experimental header).
+  Status launch(cudaStream_t stream = nullptr, const LaunchPolicy* policy = nullptr) {
     if (in_place())
-      return tuning ? kv_cache_rope_backward(device_inplace_params(), *tuning, stream)
+      return policy ? experimental::kv_cache_rope_backward(device_inplace_params(), *policy, stream)
                     : kv_cache_rope_backward(device_inplace_params(), stream);
     if (cfg.variant == Variant::kNaive) {
       auto p = device_params();
       workspace = DeviceBuffer<char>(reference::naive_backward_workspace_bytes(p));
       return reference::naive_backward(p, workspace.get(), workspace.size(), stream);
     }
-    return tuning ? kv_cache_rope_backward(device_params(), *tuning, stream)
+    return policy ? experimental::kv_cache_rope_backward(device_params(), *policy, stream)
                   : kv_cache_rope_backward(device_params(), stream);
   }
 
-  //! What launch(stream, tuning) would launch (the fused variants; the naive reference has no plan).
-  Status plan(BackwardPlan* out, const LaunchTuning* tuning = nullptr) {
-    if (in_place())
-      return tuning ? plan_backward(device_inplace_params(), *tuning, out) : plan_backward(device_inplace_params(), out);
-    return tuning ? plan_backward(device_params(), *tuning, out) : plan_backward(device_params(), out);
+  //! The public plan of launch(stream) (the fused variants; the naive reference has no plan).
+  Status plan(BackwardPlan* out) {
+    return in_place() ? plan_backward(device_inplace_params(), out) : plan_backward(device_params(), out);
+  }
+  //! The full launch of launch(stream, policy).
+  Status plan(LaunchConfig* out, const LaunchPolicy* policy) {
+    return in_place() ? experimental::plan_backward(device_inplace_params(), policy, out)
+                      : experimental::plan_backward(device_params(), policy, out);
   }
 
-  //! Runs the configured implementation once (with `tuning` when given) and checks everything it
+  //! Runs the configured implementation once (with `policy` when given) and checks everything it
   //! wrote against float64.
-  void run_and_check(const LaunchTuning* tuning = nullptr) {
+  void run_and_check(const LaunchPolicy* policy = nullptr) {
     launch_and_check([&] {
-      const Status st = launch(nullptr, tuning);
+      const Status st = launch(nullptr, policy);
       INFO("status " << to_string(st.code) << " field " << (st.field ? st.field : "-"));
       REQUIRE(st.ok());
     });

@@ -10,8 +10,8 @@ namespace kvrope {
 
 //! True for the element types the ops are instantiated for: __nv_bfloat16, __half, float.
 template <typename T>
-inline constexpr bool kIsSupportedType = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half> ||
-                                         std::is_same_v<T, float>;
+inline constexpr bool kIsSupportedType =
+    std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half> || std::is_same_v<T, float>;
 
 __host__ __device__ inline float to_float(float x) { return x; }
 __host__ __device__ inline float to_float(__half x) { return __half2float(x); }

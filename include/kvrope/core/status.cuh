@@ -8,24 +8,26 @@ namespace kvrope {
 //! What went wrong, if anything. Launchers return the first problem they find and launch nothing.
 enum class StatusCode : int {
   kSuccess = 0,
-  kNullPointer,         //!< a required pointer is null
-  kInvalidSize,         //!< a size is negative, or sizes disagree (for example S > 0 with S_max = 0 is fine, B < 0 is not)
-  kInvalidHeadDim,      //!< head_dim is not a positive even number
-  kInvalidStride,       //!< a stride is negative
-  kOverlappingRows,     //!< an output's strides map two of its rows onto overlapping memory
-  kAliasedBuffers,      //!< an output overlaps an input or another output
-  kTooLarge,            //!< more than 2^32 - 1 rows in one tensor (row indices are 32-bit inside the kernel)
-  kCudaError,           //!< a CUDA runtime call failed; Status::cuda_error holds its code
+  kNullPointer,      //!< a required pointer is null
+  kInvalidSize,      //!< a size is negative, or sizes disagree (for example S > 0 with S_max = 0 is fine, B < 0 is not)
+  kInvalidHeadDim,   //!< head_dim is not a positive even number
+  kInvalidStride,    //!< a stride is negative
+  kOverlappingRows,  //!< an output's strides map two of its rows onto overlapping memory
+  kAliasedBuffers,   //!< an output overlaps an input or another output
+  kTooLarge,         //!< more than 2^32 - 1 rows in one tensor (row indices are 32-bit inside the kernel)
+  kCudaError,        //!< a CUDA runtime call failed; Status::cuda_error holds its code
   kPositionOutOfRange,  //!< reported by read_error_flag: a cache_position was outside [-S_max, S_max)
   kMisaligned,          //!< a pointer is not aligned as the API requires (BackwardParams::workspace: 4 bytes)
 };
 
 //! The result of a host entry point: a code, the first offending field (a static string such as
-//! "grad_key_states.seq_stride", or nullptr), and the CUDA error for kCudaError.
+//! "grad_key_states.seq_stride", or nullptr), the CUDA error for kCudaError, and for kAliasedBuffers
+//! the other buffer that `field` overlaps.
 struct Status {
   StatusCode code = StatusCode::kSuccess;
   const char* field = nullptr;
   cudaError_t cuda_error = cudaSuccess;
+  const char* other = nullptr;
 
   constexpr bool ok() const { return code == StatusCode::kSuccess; }
   constexpr explicit operator bool() const { return ok(); }
@@ -50,7 +52,9 @@ inline const char* to_string(StatusCode code) {
 }
 
 namespace detail {
-constexpr Status fail(StatusCode code, const char* field) { return Status{code, field, cudaSuccess}; }
+constexpr Status fail(StatusCode code, const char* field, const char* other = nullptr) {
+  return Status{code, field, cudaSuccess, other};
+}
 inline Status cuda_status(cudaError_t err, const char* what) {
   return err == cudaSuccess ? Status{} : Status{StatusCode::kCudaError, what, err};
 }

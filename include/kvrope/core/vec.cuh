@@ -15,11 +15,24 @@ namespace kvrope {
 
 namespace detail {
 // The unsigned word CUB moves for an access of `Bytes` bytes (its cache-modifier paths exist for these).
-template <int Bytes> struct RawWord;
-template <> struct RawWord<16> { using type = uint4; };
-template <> struct RawWord<8> { using type = uint2; };
-template <> struct RawWord<4> { using type = unsigned int; };
-template <> struct RawWord<2> { using type = unsigned short; };
+template <int Bytes>
+struct RawWord;
+template <>
+struct RawWord<16> {
+  using type = uint4;
+};
+template <>
+struct RawWord<8> {
+  using type = uint2;
+};
+template <>
+struct RawWord<4> {
+  using type = unsigned int;
+};
+template <>
+struct RawWord<2> {
+  using type = unsigned short;
+};
 }  // namespace detail
 
 namespace detail {
@@ -55,10 +68,8 @@ __host__ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 }
 }  // namespace detail
 
-//! N consecutive elements of T held in registers, aligned to their total size (16 bytes for the
-//! vector paths: 8 bf16/fp16 or 4 fp32; N = 1 for the scalar fallback). The elements are kept as
-//! the raw bits of one access (a 2- to 16-byte word), so that a pair of 16-bit elements shares a
-//! 32-bit register and widens with one or two instructions.
+//! N consecutive elements of T in registers, aligned to their size (16 bytes on the vector paths), kept as
+//! the raw bits of one access so that a pair of 16-bit elements shares a 32-bit register.
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {
   static constexpr int kSize = N;
@@ -75,12 +86,12 @@ struct alignas(sizeof(T) * N) Vec {
     if constexpr (sizeof(T) == 4 || N == 1) {
       T v[N];
       memcpy(v, &raw, sizeof(raw));
-KVROPE_UNROLL
+      KVROPE_UNROLL
       for (int i = 0; i < N; ++i) out[i] = kvrope::to_float(v[i]);
     } else {
       uint32_t w[N / 2];
       memcpy(w, &raw, sizeof(raw));
-KVROPE_UNROLL
+      KVROPE_UNROLL
       for (int i = 0; i < N / 2; ++i) detail::unpack2<T>(w[i], out[2 * i], out[2 * i + 1]);
     }
   }
@@ -89,12 +100,12 @@ KVROPE_UNROLL
     Vec out;
     if constexpr (sizeof(T) == 4 || N == 1) {
       T v[N];
-KVROPE_UNROLL
+      KVROPE_UNROLL
       for (int i = 0; i < N; ++i) v[i] = kvrope::from_float<T>(in[i]);
       memcpy(&out.raw, v, sizeof(out.raw));
     } else {
       uint32_t w[N / 2];
-KVROPE_UNROLL
+      KVROPE_UNROLL
       for (int i = 0; i < N / 2; ++i) w[i] = detail::pack2<T>(in[2 * i], in[2 * i + 1]);
       memcpy(&out.raw, w, sizeof(out.raw));
     }
@@ -102,11 +113,8 @@ KVROPE_UNROLL
   }
 };
 
-//! Loads a Vec from `ptr` (which must be aligned to sizeof(Vec)) with CUB cache modifier M.
-//! LOAD_CS (streaming, evict-first) takes the global-memory intrinsic __ldcs, so `ptr` must then
-//! point to global memory: CUB's LOAD_CS is a generic-address asm load, around which the compiler
-//! cannot fold a row offset into the access, so every access held its own 64-bit address (in the
-//! fused kernel, register spills; docs/perf-notes.md, v4).
+//! Loads a Vec from `ptr` (aligned to sizeof(Vec)) with CUB cache modifier M. LOAD_CS uses __ldcs (global
+//! memory only): CUB's asm load kept a 64-bit address per access, which spilled (perf log v4).
 template <cub::CacheLoadModifier M = cub::LOAD_DEFAULT, typename T, int N = 1>
 __device__ __forceinline__ Vec<T, N> load_vec(const T* ptr) {
   using Raw = typename detail::RawWord<sizeof(T) * N>::type;

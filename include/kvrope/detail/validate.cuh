@@ -41,13 +41,25 @@ struct Layout {
 template <typename T>
 Layout head_layout(const char* name, const char* const (&strides)[3], const HeadRows<T>& v, int64_t batch,
                    int64_t heads, int64_t len, int64_t head_dim) {
-  return Layout{name, v.data, int64_t{sizeof(T)}, head_dim, 3, {batch, heads, len},
-                {v.batch_stride, v.head_stride, v.seq_stride}, {strides[0], strides[1], strides[2]}};
+  return Layout{name,
+                v.data,
+                int64_t{sizeof(T)},
+                head_dim,
+                3,
+                {batch, heads, len},
+                {v.batch_stride, v.head_stride, v.seq_stride},
+                {strides[0], strides[1], strides[2]}};
 }
 template <typename T>
 Layout token_layout(const char* name, const char* const (&strides)[2], const TokenRows<T>& v, int64_t batch,
                     int64_t len, int64_t head_dim) {
-  return Layout{name, v.data, int64_t{sizeof(T)}, head_dim, 2, {batch, len, 1}, {v.batch_stride, v.seq_stride, 0},
+  return Layout{name,
+                v.data,
+                int64_t{sizeof(T)},
+                head_dim,
+                2,
+                {batch, len, 1},
+                {v.batch_stride, v.seq_stride, 0},
                 {strides[0], strides[1], nullptr}};
 }
 
@@ -100,8 +112,8 @@ inline bool lattice_hits(const Layout& a, int64_t distance, int level, const std
 inline bool overlaps(const Layout& a, const Layout& b) {
   if (a.elements() == 0 || b.elements() == 0) return false;
   if (a.hi() <= b.lo() || b.hi() <= a.lo()) return false;
-  const bool same_shape = a.elem_bytes == b.elem_bytes && a.row == b.row && a.dims == b.dims &&
-                          a.extent == b.extent && a.stride == b.stride;
+  const bool same_shape = a.elem_bytes == b.elem_bytes && a.row == b.row && a.dims == b.dims && a.extent == b.extent &&
+                          a.stride == b.stride;
   const int64_t bytes = static_cast<int64_t>(b.lo()) - static_cast<int64_t>(a.lo());
   if (!same_shape || bytes % a.elem_bytes != 0) return true;  // conservative
   return lattice_hits(a, bytes / a.elem_bytes, a.dims - 1, by_stride(a));
@@ -142,11 +154,102 @@ Status check_tensors(const std::array<Layout, NIn>& in, const std::array<Layout,
   }
   for (size_t i = 0; i < out.size(); ++i) {
     for (const Layout& t : in)
-      if (overlaps(out[i], t)) return fail(StatusCode::kAliasedBuffers, out[i].name);
+      if (overlaps(out[i], t)) return fail(StatusCode::kAliasedBuffers, out[i].name, t.name);
     for (size_t j = 0; j < i; ++j)
-      if (overlaps(out[i], out[j])) return fail(StatusCode::kAliasedBuffers, out[i].name);
+      if (overlaps(out[i], out[j])) return fail(StatusCode::kAliasedBuffers, out[i].name, out[j].name);
   }
   return {};
 }
+
+#define KVROPE_DETAIL_HEAD_STRIDES(x) \
+  { #x ".batch_stride", #x ".head_stride", #x ".seq_stride" }
+#define KVROPE_DETAIL_TOKEN_STRIDES(x) \
+  { #x ".batch_stride", #x ".seq_stride" }
+
+template <typename T, typename Pos>
+std::array<Layout, 4> common_inputs(const BackwardCommon<T, Pos>& p) {
+  const bool tables = p.grad_cos.data != nullptr || p.grad_sin.data != nullptr;
+  const int64_t key_batch = tables ? p.batch : 0;  // key_states is not read without table gradients
+  const int64_t table_batch = p.heads > 0 ? p.batch : 0;
+  Layout pos{"cache_position",
+             p.cache_position,
+             int64_t{sizeof(Pos)},
+             1,
+             1,
+             {p.batch > 0 ? p.seq_len : 0, 1, 1},
+             {1, 0, 0},
+             {"cache_position", nullptr, nullptr}};
+  return {head_layout("key_states", KVROPE_DETAIL_HEAD_STRIDES(key_states), p.key_states, key_batch, p.heads, p.seq_len,
+                      p.head_dim),
+          token_layout("cos", KVROPE_DETAIL_TOKEN_STRIDES(cos), p.cos, table_batch, p.seq_len, p.head_dim),
+          token_layout("sin", KVROPE_DETAIL_TOKEN_STRIDES(sin), p.sin, table_batch, p.seq_len, p.head_dim), pos};
+}
+
+template <typename T, typename Pos>
+std::array<Layout, 4> common_outputs(const BackwardCommon<T, Pos>& p) {
+  return {head_layout("grad_key_states", KVROPE_DETAIL_HEAD_STRIDES(grad_key_states), p.grad_key_states, p.batch,
+                      p.heads, p.seq_len, p.head_dim),
+          head_layout("grad_value_states", KVROPE_DETAIL_HEAD_STRIDES(grad_value_states), p.grad_value_states, p.batch,
+                      p.heads, p.seq_len, p.head_dim),
+          token_layout("grad_cos", KVROPE_DETAIL_TOKEN_STRIDES(grad_cos), p.grad_cos, p.grad_cos.data ? p.batch : 0,
+                       p.seq_len, p.head_dim),
+          token_layout("grad_sin", KVROPE_DETAIL_TOKEN_STRIDES(grad_sin), p.grad_sin, p.grad_sin.data ? p.batch : 0,
+                       p.seq_len, p.head_dim)};
+}
+
+// A [B, H, S_max, D] cache (or cache gradient) of the call.
+template <typename T, typename Pos, typename V>
+Layout cache_layout(const BackwardCommon<T, Pos>& p, const char* name, const char* const (&strides)[3],
+                    const HeadRows<V>& view) {
+  return head_layout(name, strides, view, p.batch, p.heads, p.cache_len, p.head_dim);
+}
+
+template <typename T, size_t N, size_t M>
+std::array<T, N + M> concat(const std::array<T, N>& a, const std::array<T, M>& b) {
+  std::array<T, N + M> out;
+  std::copy(a.begin(), a.end(), out.begin());
+  std::copy(b.begin(), b.end(), out.begin() + N);
+  return out;
+}
+
+// Checks an out-of-place call without touching the device: sizes, required pointers (a tensor with
+// no elements may be null), non-negative strides, outputs whose rows don't overlap, and outputs
+// that overlap no input and no other output. Returns the first problem with the field's name.
+template <typename T, typename Pos>
+Status validate_backward(const BackwardParams<T, Pos>& p) {
+  if (Status s = check_common_sizes(p); !s) return s;
+  const std::array<Layout, 2> caches{
+      cache_layout(p, "grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache),
+      cache_layout(p, "grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache)};
+  const std::array<Layout, 2> cache_grads{
+      cache_layout(p, "grad_key_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache_input), p.grad_key_cache_input),
+      cache_layout(p, "grad_value_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache_input),
+                   p.grad_value_cache_input)};
+  // The workspace is written too: an output of two 32-bit words (none without it).
+  const std::array<Layout, 1> workspace{Layout{"workspace",
+                                               p.workspace,
+                                               4,
+                                               p.workspace ? kBackwardWorkspaceBytes / 4 : 0,
+                                               1,
+                                               {1, 1, 1},
+                                               {1, 0, 0},
+                                               {"workspace", nullptr, nullptr}}};
+  if (reinterpret_cast<uintptr_t>(p.workspace) % 4 != 0) return fail(StatusCode::kMisaligned, "workspace");
+  return check_tensors(concat(caches, common_inputs(p)), concat(concat(common_outputs(p), cache_grads), workspace));
+}
+
+// Checks an in-place call: as for the out-of-place one, with gK and gV counted as outputs (they
+// are written), so they may overlap nothing else.
+template <typename T, typename Pos>
+Status validate_backward(const BackwardInPlaceParams<T, Pos>& p) {
+  if (Status s = check_common_sizes(p); !s) return s;
+  const std::array<Layout, 2> caches{
+      cache_layout(p, "grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache),
+      cache_layout(p, "grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache)};
+  return check_tensors(common_inputs(p), concat(common_outputs(p), caches));
+}
+
+#undef KVROPE_DETAIL_HEAD_STRIDES
+#undef KVROPE_DETAIL_TOKEN_STRIDES
 
 }  // namespace kvrope::detail

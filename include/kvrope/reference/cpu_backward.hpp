@@ -26,7 +26,7 @@ double ulp(double x) {
   return std::ldexp(1.0, e - kMantissa);
 }
 
-//! DESIGN.md's tolerance for a computed output: |out - gold| <= ulp_T(gold) + 2^-21 * A, where A is
+//! The tolerance of docs/spec.md §1.7 for a computed output: |out - gold| <= ulp_T(gold) + 2^-21 * A, where A is
 //! the sum of the absolute values of the products that make up the output.
 template <typename T>
 bool within_tolerance(T out, double gold, double abs_sum) {
@@ -65,8 +65,7 @@ double at(const T* row, int64_t d) {
 
 //! grad_key_states[b, j, t, d] from gK (host pointers).
 template <typename T, typename Pos>
-Gold gold_grad_key(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk, int64_t b, int64_t j, int64_t t,
-                   int64_t d) {
+Gold gold_grad_key(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk, int64_t b, int64_t j, int64_t t, int64_t d) {
   const int64_t r = cache_row(p, t);
   if (r < 0) return {};
   const int64_t h = p.head_dim / 2;
@@ -110,8 +109,8 @@ struct BackwardOutputs {
 
 //! Dense float64 results of the reference, for small problems.
 struct BackwardGold {
-  std::vector<Gold> grad_key_states, grad_cos, grad_sin;  // [B, H, S, D], [B, S, D], [B, S, D]
-  std::vector<double> grad_value_states;                    // [B, H, S, D]
+  std::vector<Gold> grad_key_states, grad_cos, grad_sin;             // [B, H, S, D], [B, S, D], [B, S, D]
+  std::vector<double> grad_value_states;                             // [B, H, S, D]
   std::vector<double> grad_key_cache_input, grad_value_cache_input;  // [B, H, S_max, D]
 };
 
@@ -244,8 +243,8 @@ CheckResult check_backward(const BackwardParams<T, Pos>& in, const BackwardOutpu
         const T* gvs = out.grad_value_states.row(b, j, t);
         for (int64_t d = 0; d < D; ++d) {
           const Gold gold = gold_grad_key(in, in.grad_key_cache, b, j, t, d);
-          expect(within_tolerance(gks[d], gold.value, gold.abs_sum), "grad_key_states", j, t, d,
-                 to_float(gks[d]), gold.value);
+          expect(within_tolerance(gks[d], gold.value, gold.abs_sum), "grad_key_states", j, t, d, to_float(gks[d]),
+                 gold.value);
           const T want = r < 0 ? zero : in.grad_value_cache.row(b, j, r)[d];
           expect(detail::same_bits(gvs[d], want), "grad_value_states", j, t, d, to_float(gvs[d]), to_float(want));
         }

@@ -53,7 +53,8 @@ __global__ void gather(BackwardParams<T, Pos> p, float* gk_sel, int64_t n) {
     const Index4 x = unflatten(i, p.heads, p.seq_len, p.head_dim);
     const int64_t r = row_of(p.cache_position, x.s, p.cache_len);
     gk_sel[i] = r < 0 ? 0.0f : to_float(p.grad_key_cache.row(x.b, x.j, r)[x.d]);
-    p.grad_value_states.row(x.b, x.j, x.s)[x.d] = r < 0 ? from_float<T>(0.0f) : p.grad_value_cache.row(x.b, x.j, r)[x.d];
+    p.grad_value_states.row(x.b, x.j, x.s)[x.d] =
+        r < 0 ? from_float<T>(0.0f) : p.grad_value_cache.row(x.b, x.j, r)[x.d];
   }
 }
 
@@ -80,8 +81,7 @@ __global__ void rotate_half(HeadRows<const T> k, float* out, int64_t H, int64_t 
 
 // out = a * b, fp32 (b read from a [B, H, S, D] tensor of T, or from an fp32 temporary).
 template <typename T>
-__global__ void mul_key(const float* a, HeadRows<const T> k, float* out, int64_t H, int64_t S, int64_t D,
-                        int64_t n) {
+__global__ void mul_key(const float* a, HeadRows<const T> k, float* out, int64_t H, int64_t S, int64_t D, int64_t n) {
   for (int64_t i = grid_begin(); i < n; i += grid_stride()) {
     const Index4 x = unflatten(i, H, S, D);
     out[i] = a[i] * to_float(k.row(x.b, x.j, x.s)[x.d]);
@@ -94,8 +94,7 @@ __global__ void mul(const F* a, const F* b, F* out, int64_t n) {
 
 // grad_key_states = gc + cat(gs[..., h:], -gs[..., :h]) (the backward of rotate_half, concatenated).
 template <typename T>
-__global__ void combine(const float* gc, const float* gs, HeadRows<T> out, int64_t H, int64_t S, int64_t D,
-                        int64_t n) {
+__global__ void combine(const float* gc, const float* gs, HeadRows<T> out, int64_t H, int64_t S, int64_t D, int64_t n) {
   for (int64_t i = grid_begin(); i < n; i += grid_stride()) {
     const Index4 x = unflatten(i, H, S, D);
     const int64_t h = D / 2;
@@ -186,8 +185,7 @@ Status naive_backward(const BackwardParams<T, Pos>& p, void* workspace, size_t w
   }
   if (n_cache > 0) {
     clone<<<blocks_for(n_cache), kThreads, 0, stream>>>(p.grad_key_cache, p.grad_key_cache_input, H, L, D, n_cache);
-    clone<<<blocks_for(n_cache), kThreads, 0, stream>>>(p.grad_value_cache, p.grad_value_cache_input, H, L, D,
-                                                         n_cache);
+    clone<<<blocks_for(n_cache), kThreads, 0, stream>>>(p.grad_value_cache, p.grad_value_cache_input, H, L, D, n_cache);
     if (n_tok > 0) {
       zero_rows<<<blocks_for(n_tok), kThreads, 0, stream>>>(p.grad_key_cache_input, p.cache_position, L, H, S, D,
                                                             n_tok);

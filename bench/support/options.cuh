@@ -1,0 +1,253 @@
+// kvrope_bench's own options (docs/benchmarks.md, "Flags"); Google Benchmark's --benchmark_* flags
+// pass through untouched.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <kvrope/experimental/launch_policy.cuh>
+
+#ifndef KVROPE_BENCH_CASES_CSV  // CMake passes the source tree's table
+#define KVROPE_BENCH_CASES_CSV "bench/sol_execbench_062_cases.csv"
+#endif
+
+namespace kvrope_bench {
+
+enum class Variant { kNaive, kFused, kInPlace };
+constexpr Variant kAllVariants[] = {Variant::kNaive, Variant::kFused, Variant::kInPlace};
+
+inline const char* variant_name(Variant v) {
+  switch (v) {
+    case Variant::kNaive: return "naive";
+    case Variant::kFused: return "fused";
+    case Variant::kInPlace: return "inplace";
+  }
+  return "?";
+}
+
+// A tuning flag: the LaunchPolicy field it sets (an int, a 0/1 switch or a real) and its least value.
+// (Member pointers through aliases: nvcc's host code otherwise trips -Wparentheses.)
+using Policy = kvrope::experimental::LaunchPolicy;
+using PolicyInt = int Policy::*;
+using PolicyBool = bool Policy::*;
+using PolicyReal = double Policy::*;
+struct TuningFlag {
+  const char* name;
+  PolicyInt count;
+  PolicyBool on;
+  PolicyReal real;
+  double min;
+};
+
+inline const TuningFlag* tuning_flag(const std::string& key) {
+  using P = Policy;
+  static const TuningFlag flags[] = {
+      {"--block", &P::block_threads, nullptr, nullptr, 32},
+      {"--blocks_per_sm", &P::blocks_per_sm, nullptr, nullptr, 1},
+      {"--token_weight", nullptr, nullptr, &P::token_warp_weight, 0},
+      {"--bulk", nullptr, &P::bulk_copy, nullptr, 0},
+      {"--bulk_stages", &P::bulk_stages, nullptr, nullptr, 2},
+      {"--bulk_slack", &P::bulk_store_slack, nullptr, nullptr, 1},
+      {"--bulk_chunk", &P::bulk_chunk_bytes, nullptr, nullptr, 4096},
+      {"--bulk_min_chunks", &P::bulk_min_chunks_per_block, nullptr, nullptr, 0},
+      {"--bulk_spec", &P::bulk_speculate_chunks, nullptr, nullptr, 0},
+      {"--spec_rounds", &P::bulk_speculate_mask_rounds, nullptr, nullptr, 1},
+      {"--share_min", &P::bulk_share_min_chunks_per_block, nullptr, nullptr, 0},
+      {"--decode_mib", &P::decode_copy_max_mib, nullptr, nullptr, 0},
+      {"--decode_block", &P::decode_block_threads, nullptr, nullptr, 64},
+  };
+  for (const TuningFlag& f : flags)
+    if (key == f.name) return &f;
+  return nullptr;
+}
+
+struct Options {
+  std::vector<int> cases;  // empty: every row of the table
+  std::string cases_csv = KVROPE_BENCH_CASES_CSV;
+  bool random_positions = false;
+  std::string dtype = "bf16";
+  int64_t head_dim = 0;  // 0: the table's
+  int64_t heads = 0;     // 0: the table's
+  int64_t iters = 100;
+  int64_t warmup = 3;
+  bool check = true;
+  bool primer = true;
+  bool naive_first = false;  // --naive_first=1: each case's naive reference first
+  bool flush_reads = false;  // --flush=read: the diagnostic flush by reads (clean lines in L2)
+  bool workspace = true;     // the fused variant gets a workspace (BackwardParams::workspace)
+  std::vector<Variant> variants{kAllVariants, kAllVariants + 3};
+  std::string json_path = "kvrope_bench_results.json";
+  uint64_t seed = 20261129;
+  // The tuning flags given, in order. None: the plain launcher (the device's own policy).
+  std::vector<std::pair<const TuningFlag*, double>> tuning;
+  bool tuned() const { return !tuning.empty(); }
+};
+
+// The order of the variants within a case: the naive reference last (or first, with --naive_first).
+// Run just before them it slowed the in-place variant by 3 % (docs/performance-log.md, v15).
+inline const Variant (&variant_order(const Options& opt))[3] {
+  static constexpr Variant naive_last[] = {Variant::kFused, Variant::kInPlace, Variant::kNaive};
+  return opt.naive_first ? kAllVariants : naive_last;
+}
+
+// Whether --variants asked for v.
+inline bool selected(const Options& opt, Variant v) {
+  return std::find(opt.variants.begin(), opt.variants.end(), v) != opt.variants.end();
+}
+
+// The policy of the tuned calls: the device's default with the flags' fields changed.
+inline Policy tuned_policy(const Options& opt, int cc_major) {
+  Policy p = kvrope::experimental::default_policy(cc_major);
+  for (const auto& [flag, v] : opt.tuning) {
+    if (flag->count) p.*flag->count = static_cast<int>(v);
+    if (flag->on) p.*flag->on = v != 0;
+    if (flag->real) p.*flag->real = v;
+  }
+  return p;
+}
+
+inline void print_usage() {
+  std::printf(
+      "kvrope_bench options (besides Google Benchmark's --benchmark_*):\n"
+      "  --cases=1,4,8               subset of the case table (default: all)\n"
+      "  --cases_csv=PATH            the case table (default " KVROPE_BENCH_CASES_CSV
+      ")\n"
+      "  --variants=fused,inplace,naive  (default: all three; each case's naive reference runs last, see "
+      "--naive_first)\n"
+      "  --dtype=bf16|fp16|fp32      (default bf16)\n"
+      "  --heads=N --head_dim=N      override the table's H and D (8 and 128 in every row)\n"
+      "  --positions=arange|random   cache_position = arange(S), or S distinct random rows of S_max\n"
+      "  --iters=N                   timed calls per case and variant (default 100; the protocol wants >= 50)\n"
+      "  --warmup=N                  untimed calls before the timed ones (default 3)\n"
+      "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed "
+      "share)\n"
+      "  --no_check                  skip the check against the CPU float64 reference\n"
+      "  --seed=N                    seed of the random inputs\n"
+      "  --flush=write|read          the L2 flush writes its buffer (default: the protocol's) or reads it\n"
+      "                              (diagnostic: no dirty lines for the call to write back)\n"
+      "  --naive_first=1             each case's naive reference before its fused variants (default: after;\n"
+      "                              run just before, it slowed the in-place variant)\n"
+      "  --primer=0                  no primer kernel between the flush and the call (diagnostic: CUPTI's\n"
+      "                              per-flush setup then lands on the call's first launch)\n"
+      "  --kvrope_json=PATH          per-case results (default kvrope_bench_results.json)\n"
+      "Tuning (kvrope::experimental::LaunchPolicy; any of them: the device's default_policy with those fields):\n"
+      "  --block=N                   block_threads (fused kernel block)\n"
+      "  --blocks_per_sm=N           blocks_per_sm (resident fused blocks per SM)\n"
+      "  --token_weight=X            token_warp_weight (register copy: the warp split; 0 or less: the default)\n"
+      "  --bulk=0|1                  bulk_copy (0: the register copy path)\n"
+      "  --bulk_stages=N             bulk_stages (32 KiB stages of the bulk-copy ring)\n"
+      "  --bulk_slack=N              bulk_store_slack (stores still reading their stage)\n"
+      "  --bulk_chunk=BYTES          bulk_chunk_bytes (most bytes of a chunk of the bulk copy)\n"
+      "  --bulk_min_chunks=N         bulk_min_chunks_per_block (0: 32 KiB chunks always)\n"
+      "  --bulk_spec=N               bulk_speculate_chunks (chunks loaded before the bitmask)\n"
+      "  --spec_rounds=N             bulk_speculate_mask_rounds (speculate when the bitmask takes <= N rounds)\n"
+      "  --share_min=N               bulk_share_min_chunks_per_block (share chunks above N a block)\n"
+      "  --decode_mib=N              decode_copy_max_mib (S = 1 out of place: the decode kernel up to N MiB)\n"
+      "  --decode_block=N            decode_block_threads (the decode kernel's block)\n");
+}
+
+[[noreturn]] inline void bad_option(const std::string& arg, const char* why) {
+  std::fprintf(stderr, "kvrope_bench: %s: %s\n", arg.c_str(), why);
+  print_usage();
+  std::exit(2);
+}
+
+inline int64_t parse_int(const std::string& arg, const std::string& text, int64_t lo) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || end == nullptr || *end != '\0' || v < lo) bad_option(arg, "expected an integer");
+  return v;
+}
+
+inline std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    if (!part.empty()) parts.push_back(part);
+  }
+  return parts;
+}
+
+// Reads our flags and removes them from argv, so benchmark::Initialize sees only its own.
+inline Options parse_options(int* argc, char** argv) {
+  Options opt;
+  int kept = 1;
+  for (int i = 1; i < *argc; ++i) {
+    const std::string arg = argv[i];
+    const auto eq = arg.find('=');
+    const std::string key = arg.substr(0, eq);
+    const std::string value = eq == std::string::npos ? std::string() : arg.substr(eq + 1);
+    if (key == "--cases") {
+      opt.cases.clear();
+      for (const auto& p : split_commas(value)) opt.cases.push_back(static_cast<int>(parse_int(arg, p, 1)));
+    } else if (key == "--cases_csv") {
+      if (value.empty()) bad_option(arg, "expected a path");
+      opt.cases_csv = value;
+    } else if (key == "--variants") {
+      opt.variants.clear();
+      for (const auto& p : split_commas(value)) {
+        const auto* v = std::find_if(std::begin(kAllVariants), std::end(kAllVariants),
+                                     [&](Variant x) { return p == variant_name(x); });
+        if (v == std::end(kAllVariants)) bad_option(arg, "variants are fused, inplace, naive");
+        opt.variants.push_back(*v);
+      }
+    } else if (key == "--dtype") {
+      if (value != "bf16" && value != "fp16" && value != "fp32") bad_option(arg, "dtype is bf16, fp16 or fp32");
+      opt.dtype = value;
+    } else if (key == "--positions") {
+      if (value != "arange" && value != "random") bad_option(arg, "positions are arange or random");
+      opt.random_positions = value == "random";
+    } else if (key == "--head_dim") {
+      opt.head_dim = parse_int(arg, value, 2);
+      if (opt.head_dim % 2 != 0) bad_option(arg, "head_dim must be even");
+    } else if (key == "--heads") {
+      opt.heads = parse_int(arg, value, 1);
+    } else if (key == "--iters") {
+      opt.iters = parse_int(arg, value, 1);
+    } else if (key == "--warmup") {
+      opt.warmup = parse_int(arg, value, 0);
+    } else if (key == "--seed") {
+      opt.seed = static_cast<uint64_t>(parse_int(arg, value, 0));
+    } else if (key == "--flush") {
+      if (value != "write" && value != "read") bad_option(arg, "the flush is write or read");
+      opt.flush_reads = value == "read";
+    } else if (key == "--naive_first") {
+      opt.naive_first = parse_int(arg, value, 0) != 0;
+    } else if (key == "--primer") {
+      opt.primer = parse_int(arg, value, 0) != 0;
+    } else if (key == "--workspace") {
+      opt.workspace = parse_int(arg, value, 0) != 0;
+    } else if (const TuningFlag* flag = tuning_flag(key)) {
+      if (flag->real) {
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0') bad_option(arg, "expected a number");
+        if (v > 0) opt.tuning.emplace_back(flag, v);  // 0 or less leaves the default
+      } else {
+        opt.tuning.emplace_back(flag, static_cast<double>(parse_int(arg, value, static_cast<int64_t>(flag->min))));
+      }
+    } else if (key == "--no_check") {
+      opt.check = false;
+    } else if (key == "--kvrope_json") {
+      if (value.empty()) bad_option(arg, "expected a path");
+      opt.json_path = value;
+    } else {
+      if (key == "--help" || key == "-h") print_usage();
+      argv[kept++] = argv[i];
+    }
+  }
+  *argc = kept;
+  argv[kept] = nullptr;
+  if (opt.variants.empty()) bad_option("--variants", "no variant selected");
+  return opt;
+}
+
+}  // namespace kvrope_bench

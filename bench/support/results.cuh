@@ -1,0 +1,64 @@
+// What a run measured, filled by the benchmarks and read by the summary and the JSON report.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "calibration.cuh"
+#include "cases.hpp"
+#include "device.cuh"
+#include "options.cuh"
+
+namespace kvrope_bench {
+
+struct VariantResult {
+  double median_us = 0, min_us = 0, mean_us = 0, p90_us = 0, max_us = 0;
+  double event_median_us = 0;         // CUDA events, tracing off (a separate run of as many calls)
+  double event_traced_median_us = 0;  // CUDA events around the CUPTI-timed calls themselves
+  double activities = 0;              // GPU activities per call (median)
+  bool checked = false;
+  std::vector<double> cupti_us, event_us, event_traced_us;
+};
+
+struct CaseResult {
+  LeaderboardCase lc{};
+  Traffic bytes;
+  double floor_us = 0, inplace_floor_us = 0;
+  std::map<Variant, VariantResult> variants;
+};
+
+inline const VariantResult* find_variant(const CaseResult& cr, Variant v) {
+  const auto it = cr.variants.find(v);
+  return it == cr.variants.end() ? nullptr : &it->second;
+}
+
+struct Run {
+  Options options;
+  DeviceInfo device;
+  Calibration calibration;
+  size_t flush_bytes = 0;
+  std::vector<LeaderboardCase> table;  // every row of the case table
+  std::vector<LeaderboardCase> cases;  // the rows --cases selected, --heads and --head_dim applied
+  std::map<int, CaseResult> results;
+};
+
+// The cases' common value of a field, or 0 when they differ.
+inline int64_t common_value(const std::vector<LeaderboardCase>& cases, CaseField field) {
+  int64_t v = cases.empty() ? 0 : cases.front().*field;
+  for (const LeaderboardCase& lc : cases)
+    if (lc.*field != v) v = 0;
+  return v;
+}
+
+// "H 8, D 128", or "H x, D y" with "per case" where the selected cases differ.
+inline std::string dims_text(const std::vector<LeaderboardCase>& cases) {
+  auto one = [&](CaseField field) {
+    const int64_t v = common_value(cases, field);
+    return v > 0 ? std::to_string(v) : std::string("per case");
+  };
+  return "H " + one(&LeaderboardCase::heads) + ", D " + one(&LeaderboardCase::head_dim);
+}
+
+}  // namespace kvrope_bench

@@ -1,0 +1,354 @@
+// The fused kernel's bulk copy (out of place, sm_90+): one warp a block keeps a ring of chunks of cache
+// rows in flight through shared memory with cp.async.bulk; the other warps keep their registers.
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+#include "../../core/divmod.cuh"
+#include "../kernel_args.cuh"
+#include "bitmask.cuh"
+#include "bulk_chunks.cuh"
+
+namespace kvrope::detail {
+
+__device__ __forceinline__ bool row_marked(const uint32_t* mask, int64_t local) {
+  return (mask[local >> 5] >> (local & 31)) & 1u;
+}
+
+// The first row in [from, limit) marked in the mask (window-local rows), or limit, a word at a time;
+// with `unmarked`, the first row not marked.
+__device__ __forceinline__ int64_t next_marked(const uint32_t* mask, int64_t from, int64_t limit,
+                                               bool unmarked = false) {
+  for (int64_t base = from & ~int64_t{31}; base < limit; base += 32) {
+    uint32_t word = mask[base >> 5] ^ (unmarked ? ~0u : 0u);
+    if (base < from) word &= ~0u << (from - base);
+    if (word != 0) {
+      const int64_t at = base + __ffs(word) - 1;
+      return at < limit ? at : limit;
+    }
+  }
+  return limit;
+}
+
+// Calls f(r, n) for every maximal run [r, r + n) of chunk c's rows that are not marked in the mask,
+// each run by one lane (the lane of its first row, rows lane, lane + 32, ...): a chunk with a few
+// rows in cache_position is copied in a few bulk copies, not one per row.
+template <typename F>
+__device__ __forceinline__ void for_each_unmarked_run(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
+                                                      int lane, F&& f) {
+  const int64_t base = c.r0 - w.w0;  // the chunk's first row in the window
+  for (int64_t r = lane; r < c.n; r += 32) {
+    if (row_marked(mask, base + r) || (r > 0 && !row_marked(mask, base + r - 1))) continue;
+    f(r, next_marked(mask, base + r, base + c.n) - base - r);
+  }
+}
+
+//! The copy warp's ring: `next` is the next chunk's stage, bit s of `phases` the parity stage s's barrier
+//! completes next; `slack` stores may still read their stage when the oldest is refilled.
+struct BulkRing {
+  unsigned char* stages;
+  uint64_t* bars;
+  int64_t* chunk_of;  // the chunk each stage holds
+  int count, slack;
+  int next;
+  uint32_t phases;
+
+  __host__ __device__ __forceinline__ int after(int s) const { return s + 1 == count ? 0 : s + 1; }
+  __host__ __device__ __forceinline__ unsigned char* stage(int s) const {
+    return stages + int64_t{s} * kBulkStageBytes;
+  }
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KVROPE_HAS_BULK_COPY 1
+
+// Rows of chunk c marked in the mask, counted over the warp (each lane tests rows lane, lane + 32, ...).
+// (Here, with the bulk copy that alone uses it: __reduce_add_sync is sm_80 and later.)
+__device__ __forceinline__ uint32_t marked_rows(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
+                                                int lane) {
+  uint32_t marked = 0;
+  for (int64_t r = lane; r < c.n; r += 32) marked += row_marked(mask, c.r0 - w.w0 + r);
+  return __reduce_add_sync(0xffffffffu, marked);
+}
+
+// A bulk load into this block's shared memory: the .shared::cta destination where the PTX ISA has it
+// (8.6, CUDA 12.8), else the .shared::cluster form with this block's own address.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if __cccl_ptx_isa >= 860
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, dst, src, bytes, bar);
+#else
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, src, bytes, bar);
+#endif
+}
+
+// A bulk store of this block's shared memory to global memory (completion: bulk groups).
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, int64_t bytes) {
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst, src, static_cast<uint32_t>(bytes));
+}
+
+//! The copy warp's chunks of the first window (blocks drawing tickets ask for their first two).
+template <typename T>
+__device__ __forceinline__ ChunkSource first_chunks(const FusedArgs<T>& a, const BulkRange& range, int lane) {
+  ChunkSource src = ChunkSource::of(range);
+  if (a.share_chunks) {
+    src.tickets = a.workspace;
+    src.shared_first = int64_t{gridDim.x} * a.bulk_per_block;
+    src.shared_count = static_cast<uint32_t>(a.bulk_first.total - src.shared_first);
+    if (lane == 0) {
+      src.ahead0 = atomicAdd(src.tickets, 1u);
+      src.ahead1 = atomicAdd(src.tickets, 1u);
+    }
+  }
+  return src;
+}
+
+//! After its last ticket a block counts itself done; the grid's last block zeroes the workspace for the
+//! next call (fences: every block's tickets before its count, the counts before the reset).
+__device__ __forceinline__ void release_tickets(unsigned int* workspace, int lane) {
+  if (workspace != nullptr && lane == 0) {
+    __threadfence();
+    if (atomicAdd(workspace + 1, 1u) == gridDim.x - 1) {
+      __threadfence();
+      atomicExch(workspace, 0u);
+      atomicExch(workspace + 1, 0u);
+    }
+  }
+}
+
+__device__ __forceinline__ void bulk_ring_init(const BulkRing& ring, int lane) {
+  if (lane == 0) {
+#pragma unroll
+    for (int s = 0; s < kMaxBulkStages; ++s)
+      if (s < ring.count) cuda::ptx::mbarrier_init(ring.bars + s, 1);
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncwarp();
+}
+
+// Starts loading chunk c into a stage, skipping the rows marked in the mask (their outputs are zeros);
+// without the mask (speculated before it is built) every row.
+template <typename T>
+__device__ __forceinline__ void bulk_load_chunk(const FusedArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
+                                                const BulkCursor& c, unsigned char* stage, uint64_t* bar, bool use_mask,
+                                                int lane) {
+  const HeadRows<const T>& src = c.value ? a.gv : a.gk;
+  const uint32_t row_bytes = static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)});
+  const uint32_t skipped = use_mask ? marked_rows(mask, w, c, lane) : 0;
+  const uint32_t rows = static_cast<uint32_t>(c.n) - skipped;
+  if (skipped == 0 && src.seq_stride == a.head_dim) {  // consecutive rows: one copy
+    if (lane == 0) {
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
+                                           rows * row_bytes);
+      bulk_load(stage, src.row(c.b, c.j, c.r0), rows * row_bytes, bar);
+    }
+    return;
+  }
+  if (lane == 0)
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
+                                         rows * row_bytes);
+  __syncwarp();
+  if (src.seq_stride == a.head_dim) {  // consecutive rows: one copy per run of unmarked rows
+    for_each_unmarked_run(mask, w, c, lane, [&](int64_t r, int64_t n) {
+      bulk_load(stage + r * row_bytes, src.row(c.b, c.j, c.r0 + r), static_cast<uint32_t>(n) * row_bytes, bar);
+    });
+    return;
+  }
+  for (int64_t r = lane; r < c.n; r += 32)
+    if (!use_mask || !row_marked(mask, c.r0 - w.w0 + r))
+      bulk_load(stage + r * row_bytes, src.row(c.b, c.j, c.r0 + r), row_bytes, bar);
+}
+
+//! The block's share of the first window's chunks (bulk_range without its division: the host
+//! computed the share).
+template <typename T>
+__device__ __forceinline__ BulkRange bulk_block_range(const FusedArgs<T>& a, int64_t block) {
+  return bulk_range_of(a.bulk_first.total, a.bulk_per_block, block);
+}
+
+//! Loads the block's first a.bulk_speculate chunks into stages 0, 1, ... before the bitmask exists, a lane
+//! a chunk where rows are consecutive. Returns how many were issued.
+template <typename T>
+__device__ __forceinline__ int64_t bulk_speculate(const FusedArgs<T>& a, const uint32_t* mask, const BulkRing& ring,
+                                                  const BulkRange& range, int lane) {
+  const int64_t count = range.end - range.begin < a.bulk_speculate ? range.end - range.begin : a.bulk_speculate;
+  if (count <= 0) return 0;
+  const BulkWindow& w = a.bulk_first;
+  if (a.gk.seq_stride == a.head_dim && a.gv.seq_stride == a.head_dim) {
+    if (lane < count) {
+      const BulkCursor c = BulkCursor::at(w, range.begin + lane);
+      const HeadRows<const T>& src = c.value ? a.gv : a.gk;
+      const uint32_t bytes = static_cast<uint32_t>(c.n * a.head_dim * int64_t{sizeof(T)});
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                           ring.bars + lane, bytes);
+      bulk_load(ring.stage(lane), src.row(c.b, c.j, c.r0), bytes, ring.bars + lane);
+    }
+    return count;
+  }
+  BulkCursor c = BulkCursor::at(w, range.begin);
+  for (int64_t i = 0; i < count; ++i, c.next(w))
+    bulk_load_chunk(a, mask, w, c, ring.stage(static_cast<int>(i)), ring.bars + i, false, lane);
+  return count;
+}
+
+//! A small cache whose chunks were all speculated: lane i stores chunk i's unmarked runs, so the chunks
+//! proceed side by side (the token warps write the zeros). Consecutive rows only.
+template <typename T>
+__device__ __forceinline__ void bulk_store_speculated(const FusedArgs<T>& a, const uint32_t* mask, const BulkRing& ring,
+                                                      const BulkRange& range, int lane) {
+  if (lane < range.end - range.begin) {
+    const BulkWindow& w = a.bulk_first;
+    const BulkCursor c = BulkCursor::at(w, range.begin + lane);
+    const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
+    const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
+    unsigned char* stage = ring.stage(lane);
+    const int64_t base = c.r0 - w.w0;  // the chunk's first row in the window
+    while (!cuda::ptx::mbarrier_try_wait_parity(ring.bars + lane, 0u)) {
+    }
+    for (int64_t r = 0; r < c.n;) {
+      const int64_t end = next_marked(mask, base + r, base + c.n) - base;  // rows [r, end) not marked
+      if (end > r) bulk_store(dst.row(c.b, c.j, c.r0 + r), stage + r * row_bytes, (end - r) * row_bytes);
+      r = end < c.n ? next_marked(mask, base + end, base + c.n, true) - base : c.n;  // past the marked ones
+    }
+    cuda::ptx::cp_async_bulk_commit_group();
+  }
+}
+
+// Writes zeros to `bytes` bytes at `out` (16-byte aligned, a multiple of 16) from the warp's registers.
+__device__ __forceinline__ void zero_run(void* out, int64_t bytes, int lane) {
+  uint4* p = static_cast<uint4*>(out);
+  const int64_t units = bytes / 16;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll 4
+  for (int64_t u = lane; u < units; u += 32) __stcs(p + u, zero);
+}
+
+// Stores the loaded chunk to gk_out / gv_out and zeros to its marked rows (unless a.token_zeros). Zeros go
+// from registers: zero-filling the stage needed a proxy fence, a round trip a chunk (perf log v4).
+template <typename T>
+__device__ __forceinline__ void bulk_store_chunk(const FusedArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
+                                                 const BulkCursor& c, unsigned char* stage, int lane) {
+  const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
+  const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
+  const uint32_t marked = marked_rows(mask, w, c, lane);
+  const bool consecutive = dst.seq_stride == a.head_dim;
+  if (marked == 0 && consecutive) {
+    if (lane == 0) bulk_store(dst.row(c.b, c.j, c.r0), stage, c.n * row_bytes);
+  } else if (marked == static_cast<uint32_t>(c.n) && (consecutive || a.token_zeros)) {
+    if (!a.token_zeros) zero_run(dst.row(c.b, c.j, c.r0), c.n * row_bytes, lane);
+  } else {
+    for (int64_t r = lane; r < c.n; r += 32) {  // each lane its own rows
+      T* out = dst.row(c.b, c.j, c.r0 + r);
+      if (row_marked(mask, c.r0 - w.w0 + r)) {
+        if (a.token_zeros) continue;  // the token warps write this row's zeros
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        for (int64_t i = 0; i < row_bytes / 16; ++i) __stcs(reinterpret_cast<uint4*>(out) + i, zero);
+      } else if (!consecutive) {
+        bulk_store(out, stage + r * row_bytes, row_bytes);
+      }
+    }
+    if (consecutive) {  // the loaded rows: one store per run of unmarked rows
+      for_each_unmarked_run(mask, w, c, lane, [&](int64_t r, int64_t n) {
+        bulk_store(dst.row(c.b, c.j, c.r0 + r), stage + r * row_bytes, n * row_bytes);
+      });
+    }
+  }
+  cuda::ptx::cp_async_bulk_commit_group();
+}
+
+// Waits until at most `pending` of this thread's bulk stores are still reading shared memory.
+__device__ __forceinline__ void bulk_wait_reads(int pending) {
+  switch (pending) {  // the count is an immediate of the instruction
+    case 0: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{}); break;
+    case 1: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{}); break;
+    case 2: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<2>{}); break;
+    case 3: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<3>{}); break;
+    case 4: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<4>{}); break;
+    case 5: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<5>{}); break;
+    case 6: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<6>{}); break;
+    default: cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<7>{}); break;
+  }
+}
+
+//! The copy warp's chunks of one window (the first `prefetched` already speculated): wait for chunk i,
+//! store it, refill the stage of chunk i - slack + 1; count - slack loads and slack stores in flight.
+template <typename T>
+__device__ void bulk_copy_window(const FusedArgs<T>& a, const uint32_t* mask, const BulkWindow& w, BulkRing& ring,
+                                 ChunkSource& src, int64_t prefetched, int lane) {
+  int load_stage = ring.next, store_stage = ring.next;
+  int64_t issued = 0;  // chunks taken (and loaded, or prefetched)
+  bool more = true;
+  auto issue = [&] {
+    int64_t c = 0;
+    more = src.take(&c, lane);
+    if (!more) return;
+    if (issued >= prefetched)
+      bulk_load_chunk(a, mask, w, BulkCursor::at(w, c), ring.stage(load_stage), ring.bars + load_stage, true, lane);
+    if (lane == 0) ring.chunk_of[load_stage] = c;
+    __syncwarp();
+    ++issued;
+    load_stage = ring.after(load_stage);
+  };
+  while (more && issued < ring.count) issue();
+  for (int64_t i = 0; i < issued; ++i) {
+    const uint32_t parity = (ring.phases >> store_stage) & 1u;
+    while (!cuda::ptx::mbarrier_try_wait_parity(ring.bars + store_stage, parity)) {
+    }
+    ring.phases ^= 1u << store_stage;
+    bulk_store_chunk(a, mask, w, BulkCursor::at(w, ring.chunk_of[store_stage]), ring.stage(store_stage), lane);
+    store_stage = ring.after(store_stage);
+    if (i - ring.slack + 1 >= 0 && more) {  // refill the stage of chunk i - slack + 1
+      bulk_wait_reads(ring.slack - 1);
+      __syncwarp();
+      issue();
+    }
+  }
+  bulk_wait_reads(0);  // the stages are free again
+  __syncwarp();
+  ring.next = store_stage;  // every chunk loaded was stored: load_stage == store_stage
+}
+
+//! Before the copy warp exits: every bulk store complete.
+__device__ __forceinline__ void bulk_drain() { cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{}); }
+
+//! The bulk-copy role: the block's one copy warp (out of place, 16-byte rows, sm_90+). Its first chunks
+//! are loaded before the bitmask exists; it waits for the token warps' bitmask (kMaskReady), then copies.
+template <typename T>
+__device__ __forceinline__ void bulk_copy_role(const FusedArgs<T>& a, uint32_t* mask, int* repeats, int lane) {
+  BulkRing ring{reinterpret_cast<unsigned char*>(mask) + bulk_ring_offset(mask_bytes(a.window_rows)),
+                nullptr,
+                nullptr,
+                a.bulk_stages,
+                a.bulk_slack,
+                0,
+                0u};
+  ring.bars = reinterpret_cast<uint64_t*>(ring.stage(ring.count));
+  ring.chunk_of = reinterpret_cast<int64_t*>(ring.bars + ring.count);
+  const BulkRange first_range = bulk_block_range(a, blockIdx.x);
+  bulk_ring_init(ring, lane);
+  const int64_t prefetched = bulk_speculate(a, mask, ring, first_range, lane);
+  ChunkSource first_src = first_chunks(a, first_range, lane);
+  named_barrier_sync<kMaskReady>(blockDim.x);
+  if (a.windows == 1 && prefetched > 0 && prefetched == first_range.end - first_range.begin && a.token_zeros &&
+      !a.share_chunks && a.gk_out.seq_stride == a.head_dim && a.gv_out.seq_stride == a.head_dim) {
+    bulk_store_speculated(a, mask, ring, first_range, lane);  // a small cache: every chunk in a stage
+  } else {
+    bulk_copy_window(a, mask, a.bulk_first, ring, first_src, prefetched, lane);
+    for (int64_t win = 1; win < a.windows; ++win) {  // (the host shares chunks only with one window)
+      const RowWindow rows = row_window(a, win);
+      copy_warps_mask(a, mask, rows, lane, 32, repeats);
+      const BulkWindow w = bulk_window(a, rows);
+      ChunkSource src = ChunkSource::of(bulk_range(w, blockIdx.x, gridDim.x));
+      bulk_copy_window(a, mask, w, ring, src, 0, lane);
+    }
+    release_tickets(a.workspace, lane);
+  }
+  bulk_drain();
+}
+
+#else
+#define KVROPE_HAS_BULK_COPY 0
+#endif
+
+}  // namespace kvrope::detail

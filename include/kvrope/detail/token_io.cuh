@@ -1,0 +1,200 @@
+// A token's loads and stores, shared by the fused and the decode kernels: its position, its head rows
+// as loaded, its outputs, and the head sum of the table gradients.
+#pragma once
+
+#include <cstdint>
+
+#include "../backward_params.cuh"
+#include "../rope.cuh"
+#include "kernel_args.cuh"
+
+namespace kvrope::detail {
+
+// A position as loaded, its words not yet looked at (int32: `lo`, `hi` zero): arithmetic where it is
+// loaded would wait for the load there, so position_row does it where the value is needed.
+struct alignas(8) RawPosition {  // 8-byte aligned: the target of an 8-byte cp.async (PositionPrefetch)
+  uint32_t lo = 0, hi = 0;
+};
+
+template <typename T>
+__device__ __forceinline__ RawPosition load_position(const ProblemArgs<T>& a, int64_t t) {
+  RawPosition p;
+  if (a.positions_are_int64) {
+    const uint2 v = static_cast<const uint2*>(a.positions)[t];
+    p.lo = v.x;
+    p.hi = v.y;
+  } else {
+    p.lo = static_cast<const uint32_t*>(a.positions)[t];
+  }
+  return p;
+}
+
+// The row of the cache a position names, or -1 when it is out of range.
+template <typename T>
+__device__ __forceinline__ int64_t position_row(const ProblemArgs<T>& a, const RawPosition& raw) {
+  int64_t p = a.positions_are_int64 ? static_cast<int64_t>((uint64_t{raw.hi} << 32) | raw.lo)
+                                    : int64_t{static_cast<int32_t>(raw.lo)};
+  if (p < 0) p += a.cache_len;
+  return (p >= 0 && p < a.cache_len) ? p : -1;
+}
+
+// The row of the cache token t was written to, or -1 when its position is out of range.
+template <typename T>
+__device__ __forceinline__ int64_t cache_row(const ProblemArgs<T>& a, int64_t t) {
+  return position_row(a, load_position(a, t));
+}
+
+// A position fetched ahead with cp.async into the warp's shared-memory slot (sm_80+): a register load
+// shares a scoreboard with the item's row loads, whose first wait then waited for it (perf log v8).
+struct PositionPrefetch {
+  RawPosition* slot;  // this warp's, in shared memory
+  RawPosition held;   // without cp.async: the value as loaded
+
+  template <typename T>
+  __device__ __forceinline__ void issue(const ProblemArgs<T>& a, int64_t t, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    __syncwarp();  // every lane has read the slot's previous position
+    if (lane == 0) {
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
+      if (a.positions_are_int64) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst),
+                     "l"(static_cast<const int64_t*>(a.positions) + t)
+                     : "memory");
+      } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst),
+                     "l"(static_cast<const int32_t*>(a.positions) + t)
+                     : "memory");
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+#else
+    (void)lane;
+    held = load_position(a, t);
+#endif
+  }
+
+  __device__ __forceinline__ RawPosition take() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncwarp();  // lane 0's copy is visible to the warp
+    return *slot;
+#else
+    return held;
+#endif
+  }
+};
+
+// A chunk pair as loaded, still in T (widened to fp32 where it is used).
+template <typename T, int N>
+struct RawChunk {
+  Vec<T, N> lo, hi;
+  __device__ __forceinline__ RopeChunk<N> widen() const {
+    RopeChunk<N> c;
+    lo.to_float(c.lo);
+    hi.to_float(c.hi);
+    return c;
+  }
+};
+
+template <cub::CacheLoadModifier M, int N, typename T>
+__device__ __forceinline__ RawChunk<T, N> load_raw(const T* row, int64_t h, int64_t i0) {
+  const T* p = row + i0;  // then p + h: the pair's two accesses share one address register
+  return RawChunk<T, N>{load_vec<M, T, N>(p), load_vec<M, T, N>(p + h)};
+}
+
+template <cub::CacheStoreModifier M, typename T, int N>
+__device__ __forceinline__ void store_raw(T* row, int64_t h, int64_t i0, const RawChunk<T, N>& c) {
+  T* p = row + i0;
+  store_vec<M>(p, c.lo);
+  store_vec<M>(p + h, c.hi);
+}
+
+// A lane's outputs for its chunk pair of head j of token t: grad_value_states, grad_key_states, the
+// table terms (into gcos / gsin when `tables`) and, with `zero_row`, zeros at row r of the
+// cache-input gradients. A token with a bad position passes zero rows, key_ok and tables false
+// (or zero tables), so its outputs are zeros whatever its inputs hold (0 x inf would be NaN).
+template <typename T, int N>
+__device__ __forceinline__ void store_head_outputs(const ProblemArgs<T>& a, int64_t b, int64_t j, int64_t t, int64_t r,
+                                                   int64_t half, int64_t i0, const RawChunk<T, N>& gk_row,
+                                                   const RawChunk<T, N>& gv_row, const RawChunk<T, N>& key_row,
+                                                   const RopeChunk<N>& cs, const RopeChunk<N>& sn, bool key_ok,
+                                                   bool tables, bool zero_row, RopeChunk<N>& gcos, RopeChunk<N>& gsin) {
+  const RopeChunk<N> gf = gk_row.widen();
+  if (tables) accumulate_rope_table_grads(gf, key_row.widen(), gcos, gsin);
+  store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), half, i0, gv_row);
+  store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), half, i0,
+                             key_ok ? rope_backward(gf, cs, sn) : RopeChunk<N>::zeros());
+  if (zero_row) {
+    const RawChunk<T, N> zero{Vec<T, N>::zeros(), Vec<T, N>::zeros()};
+    store_raw<cub::STORE_CS>(a.gk_out.row(b, j, r), half, i0, zero);
+    store_raw<cub::STORE_CS>(a.gv_out.row(b, j, r), half, i0, zero);
+  }
+}
+
+// Stores elements [offset, offset + L) of a lane's table gradients laid out as
+// [grad_cos lo | grad_cos hi | grad_sin lo | grad_sin hi] (N elements each) of its chunk pair, whose
+// first elements are at gcos / gsin (null: that table's gradient is not asked for).
+template <typename T, int N, int L>
+__device__ __forceinline__ void store_table_segment(T* gcos, T* gsin, int64_t h, const float (&x)[L], int offset) {
+  if constexpr (L >= N) {
+#pragma unroll
+    for (int q0 = 0; q0 < L; q0 += N) {
+      const int q = (offset + q0) / N;  // which of the four
+      T* row = q < 2 ? gcos : gsin;
+      if (row == nullptr) continue;
+      float part[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) part[i] = x[q0 + i];
+      store_vec<cub::STORE_CS>(row + ((q & 1) ? h : 0), Vec<T, N>::from_float(part));
+    }
+  } else {
+    const int q = offset / N;
+    T* row = q < 2 ? gcos : gsin;
+    if (row != nullptr) store_vec<cub::STORE_CS>(row + ((q & 1) ? h : 0) + offset % N, Vec<T, L>::from_float(x));
+  }
+}
+
+// The head sum of the table gradients over the `slots` lanes of a chunk pair, as a reduce-scatter:
+// each step halves the values a lane holds, so each lane ends with a distinct 1 / slots of the sums.
+template <typename T, int N, int L>
+__device__ __forceinline__ void head_sum_and_store(T* gcos, T* gsin, int64_t h, const float (&x)[L], int mask,
+                                                   int slots, int slot, int offset) {
+  if constexpr (L > 1) {
+    if (mask < slots) {
+      const bool upper = (slot & mask) != 0;
+      float y[L / 2];
+#pragma unroll
+      for (int i = 0; i < L / 2; ++i) {
+        const float give = upper ? x[i] : x[i + L / 2];
+        const float keep = upper ? x[i + L / 2] : x[i];
+        y[i] = keep + __shfl_xor_sync(0xffffffffu, give, mask);
+      }
+      head_sum_and_store<T, N, L / 2>(gcos, gsin, h, y, mask * 2, slots, slot, offset + (upper ? L / 2 : 0));
+      return;
+    }
+  }
+  // More slots than values (the scalar path, or D = 2): a plain butterfly over the remaining bits.
+  float z[L];
+#pragma unroll
+  for (int i = 0; i < L; ++i) z[i] = x[i];
+  for (int m = mask; m < slots; m <<= 1) {
+#pragma unroll
+    for (int i = 0; i < L; ++i) z[i] += __shfl_xor_sync(0xffffffffu, z[i], m);
+  }
+  if (slot < mask) store_table_segment<T, N, L>(gcos, gsin, h, z, offset);
+}
+
+// A lane's table-gradient sums laid out as head_sum_and_store takes them:
+// [grad_cos lo | grad_cos hi | grad_sin lo | grad_sin hi], N elements each.
+template <int N>
+__device__ __forceinline__ void table_sums(const RopeChunk<N>& gcos, const RopeChunk<N>& gsin, float (&x)[4 * N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    x[i] = gcos.lo[i];
+    x[N + i] = gcos.hi[i];
+    x[2 * N + i] = gsin.lo[i];
+    x[3 * N + i] = gsin.hi[i];
+  }
+}
+
+}  // namespace kvrope::detail
