@@ -63,6 +63,11 @@ Layout token_layout(const char* name, const char* const (&strides)[2], const Tok
                 {strides[0], strides[1], nullptr}};
 }
 
+// A flat array of `count` elements of `elem_bytes` (cache_position, the workspace).
+inline Layout flat_layout(const char* name, const void* data, int64_t elem_bytes, int64_t count) {
+  return Layout{name, data, elem_bytes, count, 1, {1, 1, 1}, {1, 0, 0}, {name, nullptr, nullptr}};
+}
+
 // The dims of `t` ordered by increasing stride (an insertion sort of at most three entries).
 inline std::array<int, 3> by_stride(const Layout& t) {
   std::array<int, 3> order{0, 1, 2};
@@ -171,14 +176,7 @@ std::array<Layout, 4> common_inputs(const BackwardCommon<T, Pos>& p) {
   const bool tables = p.grad_cos.data != nullptr || p.grad_sin.data != nullptr;
   const int64_t key_batch = tables ? p.batch : 0;  // key_states is not read without table gradients
   const int64_t table_batch = p.heads > 0 ? p.batch : 0;
-  Layout pos{"cache_position",
-             p.cache_position,
-             int64_t{sizeof(Pos)},
-             1,
-             1,
-             {p.batch > 0 ? p.seq_len : 0, 1, 1},
-             {1, 0, 0},
-             {"cache_position", nullptr, nullptr}};
+  const Layout pos = flat_layout("cache_position", p.cache_position, sizeof(Pos), p.batch > 0 ? p.seq_len : 0);
   return {head_layout("key_states", KVROPE_DETAIL_HEAD_STRIDES(key_states), p.key_states, key_batch, p.heads, p.seq_len,
                       p.head_dim),
           token_layout("cos", KVROPE_DETAIL_TOKEN_STRIDES(cos), p.cos, table_batch, p.seq_len, p.head_dim),
@@ -212,41 +210,36 @@ std::array<T, N + M> concat(const std::array<T, N>& a, const std::array<T, M>& b
   return out;
 }
 
+// gK and gV of either variant: inputs out of place, outputs in place.
+template <typename Params>
+std::array<Layout, 2> incoming_caches(const Params& p) {
+  return {cache_layout(p, "grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache),
+          cache_layout(p, "grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache)};
+}
+
 // Checks an out-of-place call without touching the device: sizes, required pointers (a tensor with
-// no elements may be null), non-negative strides, outputs whose rows don't overlap, and outputs
-// that overlap no input and no other output. Returns the first problem with the field's name.
+// no elements may be null), strides, disjoint output rows, outputs clear of inputs and of each other.
 template <typename T, typename Pos>
 Status validate_backward(const BackwardParams<T, Pos>& p) {
   if (Status s = check_common_sizes(p); !s) return s;
-  const std::array<Layout, 2> caches{
-      cache_layout(p, "grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache),
-      cache_layout(p, "grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache)};
   const std::array<Layout, 2> cache_grads{
       cache_layout(p, "grad_key_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache_input), p.grad_key_cache_input),
       cache_layout(p, "grad_value_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache_input),
                    p.grad_value_cache_input)};
   // The workspace is written too: an output of two 32-bit words (none without it).
-  const std::array<Layout, 1> workspace{Layout{"workspace",
-                                               p.workspace,
-                                               4,
-                                               p.workspace ? kBackwardWorkspaceBytes / 4 : 0,
-                                               1,
-                                               {1, 1, 1},
-                                               {1, 0, 0},
-                                               {"workspace", nullptr, nullptr}}};
+  const std::array<Layout, 1> workspace{
+      flat_layout("workspace", p.workspace, 4, p.workspace ? kBackwardWorkspaceBytes / 4 : 0)};
   if (reinterpret_cast<uintptr_t>(p.workspace) % 4 != 0) return fail(StatusCode::kMisaligned, "workspace");
-  return check_tensors(concat(caches, common_inputs(p)), concat(concat(common_outputs(p), cache_grads), workspace));
+  return check_tensors(concat(incoming_caches(p), common_inputs(p)),
+                       concat(concat(common_outputs(p), cache_grads), workspace));
 }
 
-// Checks an in-place call: as for the out-of-place one, with gK and gV counted as outputs (they
-// are written), so they may overlap nothing else.
+// Checks an in-place call: as the out-of-place one, with gK and gV counted as outputs (they are
+// written), so they may overlap nothing else.
 template <typename T, typename Pos>
 Status validate_backward(const BackwardInPlaceParams<T, Pos>& p) {
   if (Status s = check_common_sizes(p); !s) return s;
-  const std::array<Layout, 2> caches{
-      cache_layout(p, "grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache),
-      cache_layout(p, "grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache)};
-  return check_tensors(common_inputs(p), concat(common_outputs(p), caches));
+  return check_tensors(common_inputs(p), concat(common_outputs(p), incoming_caches(p)));
 }
 
 #undef KVROPE_DETAIL_HEAD_STRIDES
