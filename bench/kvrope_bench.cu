@@ -2,12 +2,13 @@
 // bench/sol_execbench_062_cases.csv, timed with the leaderboard's protocol (docs/spec.md §5.3):
 // L2 flushed and the device synchronized before each call, GPU span of the call from CUPTI
 // activity records, median over the calls; plus the CUDA-event time, the floor and a summary.
+// --suite=forward|decode|styles runs the forward op (docs/spec.md §2) under the same protocol instead
+// (support/forward_bench.cuh, support/forward_report.cuh).
 // docs/benchmarks.md describes the protocol, the flags and the output; the harness is in support/.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,11 +29,14 @@
 #include "support/cupti_clock.cuh"
 #include "support/cupti_records.cuh"
 #include "support/device.cuh"
+#include "support/forward_bench.cuh"
+#include "support/forward_report.cuh"
 #include "support/json.cuh"
 #include "support/options.cuh"
 #include "support/results.cuh"
 #include "support/stats.hpp"
 #include "support/summary.cuh"
+#include "support/timed_calls.cuh"
 
 namespace kvrope_bench {
 
@@ -40,13 +44,6 @@ Run g_run;
 std::unique_ptr<GpuClock> g_clock;
 std::unique_ptr<CaseDataBase> g_case;  // the case alive now
 Policy g_policy{};                     // the tuned calls' policy (tuning flags given)
-
-std::string status_message(const char* what, const kvrope::Status& st) {
-  std::string msg = std::string(what) + " returned " + kvrope::to_string(st.code);
-  if (st.field != nullptr) msg += std::string(" (") + st.field + ")";
-  if (st.cuda_error != cudaSuccess) msg += std::string(": ") + cudaGetErrorString(st.cuda_error);
-  return msg;
-}
 
 // The benchmark of one (case, variant).
 template <typename T>
@@ -106,50 +103,10 @@ void run_variant(benchmark::State& state, const LeaderboardCase& lc, Variant var
     checked = true;
   }
 
-  // Warm-up (module loading, first-touch effects), not timed.
-  for (int64_t i = 0; i < opt.warmup; ++i) {
-    prepare(stream);
-    launch(stream);
-    if (!status.ok()) {
-      state.SkipWithError(status_message(launcher, status).c_str());
-      return;
-    }
-  }
-  KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
-
   VariantResult r;
   r.checked = checked;
   std::vector<double> activities;
-  bool failed = false;
-  for (auto _ : state) {
-    const Sample s = g_clock->time(prepare, launch);
-    if (!status.ok()) {
-      state.SkipWithError(status_message(launcher, status).c_str());
-      failed = true;
-      break;
-    }
-    if (s.activities == 0) {
-      state.SkipWithError("CUPTI recorded no GPU activity for the call");
-      failed = true;
-      break;
-    }
-    r.cupti_us.push_back(s.cupti_us);
-    r.event_traced_us.push_back(s.event_us);
-    activities.push_back(s.activities);
-    state.SetIterationTime(1e-6 * s.cupti_us);
-  }
-  if (failed || r.cupti_us.empty()) return;
-
-  // The CUDA-event times a caller sees: as many calls again, same protocol, tracing off.
-  cupti::set_tracing(false);
-  for (size_t i = 0; i < r.cupti_us.size() && status.ok(); ++i) {
-    r.event_us.push_back(g_clock->time_events(prepare, launch));
-  }
-  cupti::set_tracing(true);
-  if (!status.ok()) {
-    state.SkipWithError(status_message(launcher, status).c_str());
-    return;
-  }
+  if (!time_calls(state, *g_clock, opt.warmup, prepare, launch, status, launcher, r, activities)) return;
   if (const int flag = data.read_error_flag(); flag != 0) {
     state.SkipWithError(("the kernel raised error_flag = " + std::to_string(flag)).c_str());
     return;
@@ -158,20 +115,7 @@ void run_variant(benchmark::State& state, const LeaderboardCase& lc, Variant var
     state.SkipWithError("the kernel left its workspace nonzero");
     return;
   }
-
-  r.median_us = median_of(r.cupti_us);
-  r.event_median_us = median_of(r.event_us);
-  r.event_traced_median_us = median_of(r.event_traced_us);
-  r.min_us = *std::min_element(r.cupti_us.begin(), r.cupti_us.end());
-  r.max_us = *std::max_element(r.cupti_us.begin(), r.cupti_us.end());
-  r.mean_us = std::accumulate(r.cupti_us.begin(), r.cupti_us.end(), 0.0) / static_cast<double>(r.cupti_us.size());
-  r.p90_us = percentile_of(r.cupti_us, 0.9);
-  r.activities = median_of(activities);
-
-  // Google Benchmark reports the mean of the per-iteration manual times. Each call was given its
-  // own time above; this one correction makes the sum N * median, so the reported time is the median.
-  const double n = static_cast<double>(r.cupti_us.size());
-  state.SetIterationTime(1e-6 * (n * r.median_us - n * r.mean_us));
+  finish_timing(state, r, activities);
 
   CaseResult& cr = g_run.results[lc.id];
   cr.lc = lc;
@@ -251,6 +195,18 @@ void print_header(const Run& run) {
               c.bandwidth_bytes_per_us * 1e-6, c.copy_calls, c.copy_median_us);
   std::printf("empty kernel: %.3f us (CUPTI median of %d); its CUDA-event time (tracing off): %.2f us\n",
               c.empty_kernel_us, c.empty_calls, c.empty_kernel_event_us);
+  if (o.suite != Suite::kLeaderboard) {
+    std::printf(
+        "config: suite %s (the forward op), dtype %s, %s, positions %s (int64), in place into the caches, k_out on, no "
+        "q, "
+        "per-token tables [B, S, R], %lld timed calls + %lld warm-up per case, check %s, L2 flush %.1f MiB %s\n\n",
+        suite_name(o.suite), o.dtype.c_str(), dims_text(run.cases).c_str(), o.random_positions ? "random" : "arange",
+        static_cast<long long>(o.iters), static_cast<long long>(o.warmup), o.check ? "on" : "off",
+        static_cast<double>(run.flush_bytes) / (1 << 20),
+        o.flush_reads ? "read (--flush=read: a diagnostic, not the protocol)" : "written");
+    std::fflush(stdout);
+    return;
+  }
   std::printf(
       "config: dtype %s, %s, positions %s (int64), %lld timed calls + %lld warm-up per case, "
       "check %s, L2 flush %.1f MiB %s, fused workspace %s\n\n",
@@ -305,19 +261,27 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("kvrope_copy_bandwidth_TBps", fmt("%.4f", run.calibration.bandwidth_bytes_per_us * 1e-6));
   benchmark::AddCustomContext("kvrope_empty_kernel_us", fmt("%.4f", run.calibration.empty_kernel_us));
 
+  const bool forward = run.options.suite != Suite::kLeaderboard;
+  if (forward) benchmark::AddCustomContext("kvrope_suite", suite_name(run.options.suite));
   if (run.options.dtype == "bf16") {
-    register_benchmarks<__nv_bfloat16>();
+    forward ? register_forward_benchmarks<__nv_bfloat16>(run, *g_clock, g_case) : register_benchmarks<__nv_bfloat16>();
   } else if (run.options.dtype == "fp16") {
-    register_benchmarks<__half>();
+    forward ? register_forward_benchmarks<__half>(run, *g_clock, g_case) : register_benchmarks<__half>();
   } else {
-    register_benchmarks<float>();
+    forward ? register_forward_benchmarks<float>(run, *g_clock, g_case) : register_benchmarks<float>();
   }
   benchmark::RunSpecifiedBenchmarks();
   g_case.reset();
 
-  const Summary summary = summarize(run);
-  print_summary(run, summary);
-  write_json(run, summary, run.options.json_path);
+  if (forward) {
+    const ForwardSummary summary = summarize_forward(run);
+    print_forward_summary(run, summary);
+    write_forward_json(run, summary, run.options.json_path);
+  } else {
+    const Summary summary = summarize(run);
+    print_summary(run, summary);
+    write_json(run, summary, run.options.json_path);
+  }
 
   benchmark::Shutdown();
   g_clock.reset();

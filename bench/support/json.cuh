@@ -79,27 +79,75 @@ inline std::string json_means(const Summary& s, bool geo, bool ratios) {
   return j + "}";
 }
 
+// The "device" member, with its trailing ",\n".
+inline std::string device_json(const DeviceInfo& d) {
+  return "  \"device\": {\"name\": " + json_string(d.name) + ", \"compute_capability\": \"" + std::to_string(d.major) +
+         "." + std::to_string(d.minor) + "\", \"sm_count\": " + std::to_string(d.sm_count) +
+         ", \"l2_bytes\": " + std::to_string(d.l2_bytes) + ", \"global_bytes\": " + std::to_string(d.global_bytes) +
+         ", \"sm_clock_khz\": " + std::to_string(d.sm_clock_khz) +
+         ", \"mem_clock_khz\": " + std::to_string(d.mem_clock_khz) +
+         ", \"mem_bus_bits\": " + std::to_string(d.mem_bus_bits) +
+         ", \"driver_version\": " + std::to_string(d.driver_version) +
+         ", \"runtime_version\": " + std::to_string(d.runtime_version) + "},\n";
+}
+
+// The protocol in words, for config's "clock".
+inline std::string clock_text(const Run& run) {
+  return "CUPTI: first start to last end of the call's kernels, memcpys and memsets; L2 (" +
+         std::to_string(run.flush_bytes) +
+         (run.options.flush_reads ? " bytes read: --flush=read, not the protocol's" : " bytes written") +
+         ") flushed and device synchronized before each call; statistic: median";
+}
+
+// The "calibration" member, with its trailing ",\n".
+inline std::string calibration_json(const Calibration& c) {
+  return "  \"calibration\": {\"copy_bytes\": " + std::to_string(c.copy_bytes) +
+         ", \"copy_median_us\": " + json_number(c.copy_median_us) +
+         ", \"copy_bandwidth_TBps\": " + json_number(c.bandwidth_bytes_per_us * 1e-6) +
+         ", \"copy_calls\": " + std::to_string(c.copy_calls) +
+         ", \"empty_kernel_us\": " + json_number(c.empty_kernel_us) +
+         ", \"empty_kernel_event_us\": " + json_number(c.empty_kernel_event_us) +
+         ", \"empty_calls\": " + std::to_string(c.empty_calls) + "},\n";
+}
+
+// A variant's statistics and bytes, without its closing brace (the caller adds its own members first).
+inline std::string variant_stats_json(const VariantResult& r, double bytes, double floor) {
+  return "\"median_us\": " + json_number(r.median_us) + ", \"event_median_us\": " + json_number(r.event_median_us) +
+         ", \"event_traced_median_us\": " + json_number(r.event_traced_median_us) +
+         ", \"min_us\": " + json_number(r.min_us) + ", \"mean_us\": " + json_number(r.mean_us) +
+         ", \"p90_us\": " + json_number(r.p90_us) + ", \"max_us\": " + json_number(r.max_us) +
+         ", \"bytes\": " + json_number(bytes) + ", \"TBps\": " + json_number(bytes / r.median_us * 1e-6) +
+         ", \"floor_us\": " + json_number(floor) + ", \"x_floor\": " + json_number(r.median_us / floor) +
+         ", \"activities\": " + json_number(r.activities) + ", \"checked\": " + json_bool(r.checked);
+}
+
+// A variant's per-call times, closing its object.
+inline std::string variant_times_json(const VariantResult& r) {
+  return ",\n         \"times_us\": " + json_array(r.cupti_us) +
+         ",\n         \"event_times_us\": " + json_array(r.event_us) +
+         ",\n         \"event_traced_times_us\": " + json_array(r.event_traced_us) + "}";
+}
+
+inline void write_text_file(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0) {
+    std::fprintf(stderr, "kvrope_bench: cannot write %s\n", path.c_str());
+    return;
+  }
+  std::printf("wrote %s\n", path.c_str());
+}
+
 inline void write_json(const Run& run, const Summary& s, const std::string& path) {
   const Options& o = run.options;
   const DeviceInfo& d = run.device;
-  const Calibration& c = run.calibration;
   std::string j = "{\n";
-  j += "  \"device\": {\"name\": " + json_string(d.name) + ", \"compute_capability\": \"" + std::to_string(d.major) +
-       "." + std::to_string(d.minor) + "\", \"sm_count\": " + std::to_string(d.sm_count) +
-       ", \"l2_bytes\": " + std::to_string(d.l2_bytes) + ", \"global_bytes\": " + std::to_string(d.global_bytes) +
-       ", \"sm_clock_khz\": " + std::to_string(d.sm_clock_khz) +
-       ", \"mem_clock_khz\": " + std::to_string(d.mem_clock_khz) +
-       ", \"mem_bus_bits\": " + std::to_string(d.mem_bus_bits) +
-       ", \"driver_version\": " + std::to_string(d.driver_version) +
-       ", \"runtime_version\": " + std::to_string(d.runtime_version) + "},\n";
+  j += device_json(d);
   std::string variants;
   for (Variant v : variant_order(o))  // in the order they ran within a case
     if (selected(o, v)) variants += std::string(variants.empty() ? "" : ", ") + "\"" + variant_name(v) + "\"";
-  const std::string clock = "CUPTI: first start to last end of the call's kernels, memcpys and memsets; L2 (" +
-                            std::to_string(run.flush_bytes) +
-                            (o.flush_reads ? " bytes read: --flush=read, not the protocol's" : " bytes written") +
-                            ") flushed and device synchronized before each call; statistic: median";
-  j += "  \"config\": {\"dtype\": " + json_string(o.dtype) + ", \"heads\": " + json_dim(run, &LeaderboardCase::heads) +
+  const std::string clock = clock_text(run);
+  j += "  \"config\": {\"suite\": \"leaderboard\", \"dtype\": " + json_string(o.dtype) +
+       ", \"heads\": " + json_dim(run, &LeaderboardCase::heads) +
        ", \"head_dim\": " + json_dim(run, &LeaderboardCase::head_dim) + ", \"positions\": \"" +
        (o.random_positions ? "random" : "arange") +
        "\", \"position_type\": \"int64\", \"iters\": " + std::to_string(o.iters) +
@@ -110,13 +158,7 @@ inline void write_json(const Run& run, const Summary& s, const std::string& path
        ", \"fused_workspace\": " + json_bool(o.workspace) + ", \"launch_tuning\": " +
        (o.tuned() ? policy_json(tuned_policy(o, d.major)) : std::string("\"default_tuning\"")) +
        ", \"cases_csv\": " + json_string(o.cases_csv) + "},\n";
-  j += "  \"calibration\": {\"copy_bytes\": " + std::to_string(c.copy_bytes) +
-       ", \"copy_median_us\": " + json_number(c.copy_median_us) +
-       ", \"copy_bandwidth_TBps\": " + json_number(c.bandwidth_bytes_per_us * 1e-6) +
-       ", \"copy_calls\": " + std::to_string(c.copy_calls) +
-       ", \"empty_kernel_us\": " + json_number(c.empty_kernel_us) +
-       ", \"empty_kernel_event_us\": " + json_number(c.empty_kernel_event_us) +
-       ", \"empty_calls\": " + std::to_string(c.empty_calls) + "},\n";
+  j += calibration_json(run.calibration);
   j += "  \"cases\": [";
   bool first_case = true;
   for (const auto& [id, cr] : run.results) {
@@ -137,20 +179,11 @@ inline void write_json(const Run& run, const Summary& s, const std::string& path
       const double floor = ip ? cr.inplace_floor_us : cr.floor_us;
       j += first_variant ? "\n" : ",\n";
       first_variant = false;
-      j += std::string("       \"") + variant_name(v) + "\": {\"median_us\": " + json_number(r.median_us) +
-           ", \"event_median_us\": " + json_number(r.event_median_us) +
-           ", \"event_traced_median_us\": " + json_number(r.event_traced_median_us) +
-           ", \"min_us\": " + json_number(r.min_us) + ", \"mean_us\": " + json_number(r.mean_us) +
-           ", \"p90_us\": " + json_number(r.p90_us) + ", \"max_us\": " + json_number(r.max_us) +
-           ", \"bytes\": " + json_number(bytes) + ", \"TBps\": " + json_number(bytes / r.median_us * 1e-6) +
-           ", \"floor_us\": " + json_number(floor) + ", \"x_floor\": " + json_number(r.median_us / floor) +
-           ", \"activities\": " + json_number(r.activities) + ", \"checked\": " + json_bool(r.checked);
+      j += std::string("       \"") + variant_name(v) + "\": {" + variant_stats_json(r, bytes, floor);
       if (const VariantResult* n = find_variant(cr, Variant::kNaive); n != nullptr && v != Variant::kNaive) {
         j += ", \"speedup_vs_naive\": " + json_number(n->median_us / r.median_us);
       }
-      j += ",\n         \"times_us\": " + json_array(r.cupti_us) +
-           ",\n         \"event_times_us\": " + json_array(r.event_us) +
-           ",\n         \"event_traced_times_us\": " + json_array(r.event_traced_us) + "}";
+      j += variant_times_json(r);
     }
     j += "}}";
   }
@@ -160,13 +193,7 @@ inline void write_json(const Run& run, const Summary& s, const std::string& path
   j += "  \"leaderboard\": {\"statistic\": \"geometric mean\", \"entry_us\": " + json_number(kLeaderboardEntryUs) +
        ", \"sol_bound_geomean_us\": " + json_number(s.sol_bound.geometric()) +
        ", \"sol_bound_mean_us\": " + json_number(s.sol_bound.arithmetic()) + "}\n}\n";
-
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr || std::fwrite(j.data(), 1, j.size(), f) != j.size() || std::fclose(f) != 0) {
-    std::fprintf(stderr, "kvrope_bench: cannot write %s\n", path.c_str());
-    return;
-  }
-  std::printf("wrote %s\n", path.c_str());
+  write_text_file(path, j);
 }
 
 }  // namespace kvrope_bench

@@ -17,6 +17,9 @@
 #ifndef KVROPE_BENCH_CASES_CSV  // CMake passes the source tree's table
 #define KVROPE_BENCH_CASES_CSV "bench/sol_execbench_062_cases.csv"
 #endif
+#ifndef KVROPE_BENCH_DECODE_CASES_CSV  // the table of --suite=decode
+#define KVROPE_BENCH_DECODE_CASES_CSV "bench/forward_decode_cases.csv"
+#endif
 
 namespace kvrope_bench {
 
@@ -28,6 +31,34 @@ inline const char* variant_name(Variant v) {
     case Variant::kNaive: return "naive";
     case Variant::kFused: return "fused";
     case Variant::kInPlace: return "inplace";
+  }
+  return "?";
+}
+
+// --suite: the backward on the leaderboard's cases (the default), or a forward suite.
+enum class Suite { kLeaderboard, kForward, kDecode, kStyles };
+
+inline const char* suite_name(Suite s) {
+  switch (s) {
+    case Suite::kLeaderboard: return "leaderboard";
+    case Suite::kForward: return "forward";
+    case Suite::kDecode: return "decode";
+    case Suite::kStyles: return "styles";
+  }
+  return "?";
+}
+
+// The variants of the forward suites: the fused forward and its naive reference (forward, decode), and the
+// fused forward in three rotary conventions (styles): rotate-half and interleaved with R = D, rotate-half R = D/2.
+enum class FwdVariant { kFwd, kFwdNaive, kHalf, kInterleaved, kHalfR64 };
+
+inline const char* fwd_variant_name(FwdVariant v) {
+  switch (v) {
+    case FwdVariant::kFwd: return "fwd";
+    case FwdVariant::kFwdNaive: return "fwd_naive";
+    case FwdVariant::kHalf: return "half";
+    case FwdVariant::kInterleaved: return "interleaved";
+    case FwdVariant::kHalfR64: return "half_r64";
   }
   return "?";
 }
@@ -83,6 +114,8 @@ struct Options {
   bool flush_reads = false;  // --flush=read: the diagnostic flush by reads (clean lines in L2)
   bool workspace = true;     // the fused variant gets a workspace (BackwardParams::workspace)
   std::vector<Variant> variants{kAllVariants, kAllVariants + 3};
+  Suite suite = Suite::kLeaderboard;
+  std::vector<FwdVariant> fwd_variants;  // --variants of a forward suite (after parsing: the suite's, selected)
   std::string json_path = "kvrope_bench_results.json";
   uint64_t seed = 20261129;
   // The tuning flags given, in order. None: the plain launcher (the device's own policy).
@@ -102,6 +135,18 @@ inline bool selected(const Options& opt, Variant v) {
   return std::find(opt.variants.begin(), opt.variants.end(), v) != opt.variants.end();
 }
 
+// The variants of a forward suite in the order they run within a case: fwd_naive last (first with --naive_first).
+inline std::vector<FwdVariant> fwd_variant_order(const Options& opt) {
+  using V = FwdVariant;
+  if (opt.suite == Suite::kStyles) return {V::kHalf, V::kInterleaved, V::kHalfR64};
+  if (opt.suite == Suite::kLeaderboard) return {};
+  return opt.naive_first ? std::vector<V>{V::kFwdNaive, V::kFwd} : std::vector<V>{V::kFwd, V::kFwdNaive};
+}
+
+inline bool fwd_selected(const Options& opt, FwdVariant v) {
+  return std::find(opt.fwd_variants.begin(), opt.fwd_variants.end(), v) != opt.fwd_variants.end();
+}
+
 // The policy of the tuned calls: the device's default with the flags' fields changed.
 inline Policy tuned_policy(const Options& opt, int cc_major) {
   Policy p = kvrope::experimental::default_policy(cc_major);
@@ -116,18 +161,25 @@ inline Policy tuned_policy(const Options& opt, int cc_major) {
 inline void print_usage() {
   std::printf(
       "kvrope_bench options (besides Google Benchmark's --benchmark_*):\n"
+      "  --suite=leaderboard|forward|decode|styles  (default leaderboard: the backward on the case table;\n"
+      "                              forward: the forward on the same cases, fwd and fwd_naive; decode: the\n"
+      "                              forward on " KVROPE_BENCH_DECODE_CASES_CSV
+      ";\n"
+      "                              styles: the forward on the case table, half, interleaved, half_r64)\n"
       "  --cases=1,4,8               subset of the case table (default: all)\n"
       "  --cases_csv=PATH            the case table (default " KVROPE_BENCH_CASES_CSV
       ")\n"
       "  --variants=fused,inplace,naive  (default: all three; each case's naive reference runs last, see "
       "--naive_first)\n"
+      "                              forward and decode: fwd,fwd_naive; styles: half,interleaved,half_r64\n"
       "  --dtype=bf16|fp16|fp32      (default bf16)\n"
       "  --heads=N --head_dim=N      override the table's H and D (8 and 128 in every row)\n"
       "  --positions=arange|random   cache_position = arange(S), or S distinct random rows of S_max\n"
       "  --iters=N                   timed calls per case and variant (default 100; the protocol wants >= 50)\n"
       "  --warmup=N                  untimed calls before the timed ones (default 3)\n"
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed "
-      "share)\n"
+      "share;\n"
+      "                              leaderboard suite only)\n"
       "  --no_check                  skip the check against the CPU float64 reference\n"
       "  --seed=N                    seed of the random inputs\n"
       "  --flush=write|read          the L2 flush writes its buffer (default: the protocol's) or reads it\n"
@@ -137,7 +189,8 @@ inline void print_usage() {
       "  --primer=0                  no primer kernel between the flush and the call (diagnostic: CUPTI's\n"
       "                              per-flush setup then lands on the call's first launch)\n"
       "  --kvrope_json=PATH          per-case results (default kvrope_bench_results.json)\n"
-      "Tuning (kvrope::experimental::LaunchPolicy; any of them: the device's default_policy with those fields):\n"
+      "Tuning (kvrope::experimental::LaunchPolicy; any of them: the device's default_policy with those fields;\n"
+      "leaderboard suite only):\n"
       "  --block=N                   block_threads (fused kernel block)\n"
       "  --blocks_per_sm=N           blocks_per_sm (resident fused blocks per SM)\n"
       "  --token_weight=X            token_warp_weight (register copy: the warp split; 0 or less: the default)\n"
@@ -180,6 +233,8 @@ inline std::vector<std::string> split_commas(const std::string& text) {
 inline Options parse_options(int* argc, char** argv) {
   Options opt;
   int kept = 1;
+  std::string variants_arg, backward_only;
+  bool cases_csv_given = false;
   for (int i = 1; i < *argc; ++i) {
     const std::string arg = argv[i];
     const auto eq = arg.find('=');
@@ -191,14 +246,14 @@ inline Options parse_options(int* argc, char** argv) {
     } else if (key == "--cases_csv") {
       if (value.empty()) bad_option(arg, "expected a path");
       opt.cases_csv = value;
+      cases_csv_given = true;
     } else if (key == "--variants") {
-      opt.variants.clear();
-      for (const auto& p : split_commas(value)) {
-        const auto* v = std::find_if(std::begin(kAllVariants), std::end(kAllVariants),
-                                     [&](Variant x) { return p == variant_name(x); });
-        if (v == std::end(kAllVariants)) bad_option(arg, "variants are fused, inplace, naive");
-        opt.variants.push_back(*v);
-      }
+      variants_arg = arg;  // read once the suite is known
+    } else if (key == "--suite") {
+      const Suite all[] = {Suite::kLeaderboard, Suite::kForward, Suite::kDecode, Suite::kStyles};
+      const auto* s = std::find_if(std::begin(all), std::end(all), [&](Suite x) { return value == suite_name(x); });
+      if (s == std::end(all)) bad_option(arg, "suites are leaderboard, forward, decode, styles");
+      opt.suite = *s;
     } else if (key == "--dtype") {
       if (value != "bf16" && value != "fp16" && value != "fp32") bad_option(arg, "dtype is bf16, fp16 or fp32");
       opt.dtype = value;
@@ -225,7 +280,9 @@ inline Options parse_options(int* argc, char** argv) {
       opt.primer = parse_int(arg, value, 0) != 0;
     } else if (key == "--workspace") {
       opt.workspace = parse_int(arg, value, 0) != 0;
+      backward_only = arg;
     } else if (const TuningFlag* flag = tuning_flag(key)) {
+      backward_only = arg;
       if (flag->real) {
         char* end = nullptr;
         const double v = std::strtod(value.c_str(), &end);
@@ -246,7 +303,33 @@ inline Options parse_options(int* argc, char** argv) {
   }
   *argc = kept;
   argv[kept] = nullptr;
-  if (opt.variants.empty()) bad_option("--variants", "no variant selected");
+  const size_t eq = variants_arg.find('=');
+  const std::string variants = eq == std::string::npos ? std::string() : variants_arg.substr(eq + 1);
+  if (opt.suite == Suite::kLeaderboard) {
+    if (!variants_arg.empty()) {
+      opt.variants.clear();
+      for (const auto& p : split_commas(variants)) {
+        const auto* v = std::find_if(std::begin(kAllVariants), std::end(kAllVariants),
+                                     [&](Variant x) { return p == variant_name(x); });
+        if (v == std::end(kAllVariants)) bad_option(variants_arg, "variants are fused, inplace, naive");
+        opt.variants.push_back(*v);
+      }
+    }
+    if (opt.variants.empty()) bad_option("--variants", "no variant selected");
+    return opt;
+  }
+  if (!backward_only.empty()) bad_option(backward_only, "a flag of the backward (--suite=leaderboard) only");
+  if (opt.suite == Suite::kDecode && !cases_csv_given) opt.cases_csv = KVROPE_BENCH_DECODE_CASES_CSV;
+  const std::vector<FwdVariant> order = fwd_variant_order(opt);
+  std::string names;
+  for (FwdVariant v : order) names += std::string(names.empty() ? "" : ", ") + fwd_variant_name(v);
+  opt.fwd_variants = variants_arg.empty() ? order : std::vector<FwdVariant>{};
+  for (const auto& p : variants_arg.empty() ? std::vector<std::string>{} : split_commas(variants)) {
+    const auto v = std::find_if(order.begin(), order.end(), [&](FwdVariant x) { return p == fwd_variant_name(x); });
+    if (v == order.end()) bad_option(variants_arg, ("variants of this suite are " + names).c_str());
+    opt.fwd_variants.push_back(*v);
+  }
+  if (opt.fwd_variants.empty()) bad_option("--variants", "no variant selected");
   return opt;
 }
 

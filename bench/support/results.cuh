@@ -34,14 +34,33 @@ inline const VariantResult* find_variant(const CaseResult& cr, Variant v) {
   return it == cr.variants.end() ? nullptr : &it->second;
 }
 
+// One variant of a forward suite: its times, the rotary convention it ran with, its bytes and floor.
+struct FwdResult {
+  VariantResult r;
+  const char* style = "";  // "rotate_half" or "interleaved"
+  int64_t rotary_dim = 0;  // R
+  double bytes = 0, floor_us = 0;
+};
+
+struct ForwardCaseResult {
+  LeaderboardCase lc{};
+  std::map<FwdVariant, FwdResult> variants;
+};
+
+inline const FwdResult* find_variant(const ForwardCaseResult& cr, FwdVariant v) {
+  const auto it = cr.variants.find(v);
+  return it == cr.variants.end() ? nullptr : &it->second;
+}
+
 struct Run {
   Options options;
   DeviceInfo device;
   Calibration calibration;
   size_t flush_bytes = 0;
-  std::vector<LeaderboardCase> table;  // every row of the case table
-  std::vector<LeaderboardCase> cases;  // the rows --cases selected, --heads and --head_dim applied
-  std::map<int, CaseResult> results;
+  std::vector<LeaderboardCase> table;                // every row of the case table
+  std::vector<LeaderboardCase> cases;                // the rows --cases selected, --heads and --head_dim applied
+  std::map<int, CaseResult> results;                 // --suite=leaderboard
+  std::map<int, ForwardCaseResult> forward_results;  // the forward suites
 };
 
 // The cases' common value of a field, or 0 when they differ.

@@ -44,11 +44,18 @@ template <typename T, typename Pos>
 unsigned int* workspace_of(const BackwardInPlaceParams<T, Pos>&) {
   return nullptr;
 }
+template <typename T, typename Pos>
+RotarySpec rotary_spec(const BackwardCommon<T, Pos>& p) {
+  const bool shared =
+      (p.grad_cos.data && p.grad_cos.batch_stride == 0) || (p.grad_sin.data && p.grad_sin.batch_stride == 0);
+  return RotarySpec{p.rotary_dim, p.style, shared && p.batch > 1};
+}
 template <typename Dims, typename Params>
 Status run_backward(const Params& params, const LaunchPolicy* policy, cudaStream_t stream, LaunchConfig* config,
                     bool plan_only) {
   if (Status s = validate(params); !s) return s;
-  return launch_backward<Dims>(problem_args(params), workspace_of(params), policy, stream, config, plan_only);
+  return launch_backward<Dims>(problem_args(params), rotary_spec(params), workspace_of(params), policy, stream, config,
+                               plan_only);
 }
 }  // namespace detail
 

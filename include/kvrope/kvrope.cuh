@@ -5,7 +5,10 @@
 #include "backward_params.cuh"  // IWYU pragma: export
 #include "core/dispatch.cuh"    // IWYU pragma: export
 #include "core/dtype.cuh"       // IWYU pragma: export
+#include "core/rotary.cuh"      // IWYU pragma: export
 #include "core/status.cuh"      // IWYU pragma: export
 #include "core/tensor.cuh"      // IWYU pragma: export
 #include "core/vec.cuh"         // IWYU pragma: export
+#include "forward.cuh"          // IWYU pragma: export
+#include "forward_params.cuh"   // IWYU pragma: export
 #include "rope.cuh"             // IWYU pragma: export

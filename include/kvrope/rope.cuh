@@ -64,6 +64,57 @@ __host__ __device__ inline void accumulate_rope_table_grads(const RopeChunk<N>& 
   }
 }
 
+//! The interleaved style (pairs (2i, 2i + 1)): `lo` and `hi` are two chunks of whole pairs each, with
+//! their own tables. Forward: out[a] = x[a] cos[a] - x[b] sin[a], out[b] = x[b] cos[b] + x[a] sin[b].
+template <int N>
+__host__ __device__ inline RopeChunk<N> rope_forward_interleaved(const RopeChunk<N>& x, const RopeChunk<N>& cos,
+                                                                 const RopeChunk<N>& sin) {
+  RopeChunk<N> out;
+  KVROPE_UNROLL
+  for (int i = 0; i + 1 < N; i += 2) {
+    out.lo[i] = x.lo[i] * cos.lo[i] - x.lo[i + 1] * sin.lo[i];
+    out.lo[i + 1] = x.lo[i + 1] * cos.lo[i + 1] + x.lo[i] * sin.lo[i + 1];
+    out.hi[i] = x.hi[i] * cos.hi[i] - x.hi[i + 1] * sin.hi[i];
+    out.hi[i + 1] = x.hi[i + 1] * cos.hi[i + 1] + x.hi[i] * sin.hi[i + 1];
+  }
+  return out;
+}
+
+//! Backward of rope_forward_interleaved: g[a] cos[a] + g[b] sin[b] and g[b] cos[b] - g[a] sin[a].
+template <int N>
+__host__ __device__ inline RopeChunk<N> rope_backward_interleaved(const RopeChunk<N>& grad, const RopeChunk<N>& cos,
+                                                                  const RopeChunk<N>& sin) {
+  RopeChunk<N> out;
+  KVROPE_UNROLL
+  for (int i = 0; i + 1 < N; i += 2) {
+    out.lo[i] = grad.lo[i] * cos.lo[i] + grad.lo[i + 1] * sin.lo[i + 1];
+    out.lo[i + 1] = grad.lo[i + 1] * cos.lo[i + 1] - grad.lo[i] * sin.lo[i];
+    out.hi[i] = grad.hi[i] * cos.hi[i] + grad.hi[i + 1] * sin.hi[i + 1];
+    out.hi[i + 1] = grad.hi[i + 1] * cos.hi[i + 1] - grad.hi[i] * sin.hi[i];
+  }
+  return out;
+}
+
+//! accumulate_rope_table_grads for the interleaved style: grad_cos += g k, grad_sin[a] -= g[a] k[b],
+//! grad_sin[b] += g[b] k[a] within each chunk.
+template <int N>
+__host__ __device__ inline void accumulate_rope_table_grads_interleaved(const RopeChunk<N>& grad,
+                                                                        const RopeChunk<N>& key,
+                                                                        RopeChunk<N>& grad_cos,
+                                                                        RopeChunk<N>& grad_sin) {
+  KVROPE_UNROLL
+  for (int i = 0; i + 1 < N; i += 2) {
+    grad_cos.lo[i] += grad.lo[i] * key.lo[i];
+    grad_cos.lo[i + 1] += grad.lo[i + 1] * key.lo[i + 1];
+    grad_sin.lo[i] -= grad.lo[i] * key.lo[i + 1];
+    grad_sin.lo[i + 1] += grad.lo[i + 1] * key.lo[i];
+    grad_cos.hi[i] += grad.hi[i] * key.hi[i];
+    grad_cos.hi[i + 1] += grad.hi[i + 1] * key.hi[i + 1];
+    grad_sin.hi[i] -= grad.hi[i] * key.hi[i + 1];
+    grad_sin.hi[i + 1] += grad.hi[i + 1] * key.hi[i];
+  }
+}
+
 //! Loads a chunk of a head row: N elements at row + i0 and N at row + h + i0, each as one access
 //! (so row + i0 and row + h + i0 must be aligned to N * sizeof(T)).
 template <int N, cub::CacheLoadModifier M = cub::LOAD_DEFAULT, typename T>

@@ -183,3 +183,32 @@ TEST_CASE("the fast path is taken when alignment allows, the scalar path otherwi
   CHECK(plan.path == BackwardPath::kGenericScalar);
   CHECK(plan.vec_width == 1);
 }
+
+TEMPLATE_TEST_CASE("the backward of every rotation: interleaved, partial rotary, table gradients summed over the batch",
+                   "[gpu][rotary]", __nv_bfloat16, __half, float) {
+  // The general instance (16-byte accesses where R allows them, else the scalar path); both variants,
+  // with and without table gradients; BSHD and broadcast tables; repeated and out-of-range positions.
+  uint64_t seed = 700;
+  const Shape shapes[] = {{3, 8, 45, 300, 128}, {2, 5, 17, 40, 64}, {4, 3, 1, 9, 80}};
+  for (const Shape& shape : shapes)
+    for (const RotaryStyle style : {RotaryStyle::kRotateHalf, RotaryStyle::kInterleaved})
+      for (const int64_t r : {int64_t{0}, shape.head_dim / 2, int64_t{2}})
+        for (const bool sum : {false, true}) {
+          if (style == RotaryStyle::kRotateHalf && r == 0 && !sum) continue;  // the default: tested above
+          for (const Variant variant : {Variant::kOutOfPlace, Variant::kInPlace, Variant::kInPlaceNoTables}) {
+            Config cfg{shape,
+                       seed % 2 ? Layout::kBSHD : Layout::kBHSD,
+                       seed % 3 == 0   ? Positions::kDuplicates
+                       : seed % 3 == 1 ? Positions::kOutOfRange
+                                       : Positions::kPermutation,
+                       variant,
+                       seed % 4 == 0,
+                       seed};
+            cfg.rotary_dim = r;
+            cfg.style = style;
+            cfg.sum_table_grads = sum;
+            ++seed;
+            run<TestType, int64_t>(cfg);
+          }
+        }
+}

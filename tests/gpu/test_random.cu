@@ -56,7 +56,14 @@ Draw draw(std::mt19937_64& rng, uint64_t seed) {
     d.cfg.pad_head = uniform(0, 17);
     d.cfg.pad_batch = uniform(0, 33);
   }
-  if (uniform(0, 5) == 0) d.cfg.offset = 1;  // misaligned by one element
+  if (uniform(0, 5) == 0) d.cfg.offset = 1;                      // misaligned by one element
+  if (d.cfg.variant != Variant::kNaive && uniform(0, 2) == 0) {  // another rotation (the naive one has none)
+    d.cfg.style = uniform(0, 1) ? RotaryStyle::kInterleaved : RotaryStyle::kRotateHalf;
+    const int64_t choice = uniform(0, 2);
+    d.cfg.rotary_dim = choice == 0 ? 0 : choice == 1 ? head_dim / 2 / 2 * 2 : 2 * uniform(1, head_dim / 2);
+    if (d.cfg.rotary_dim == 0 && d.cfg.style == RotaryStyle::kRotateHalf) d.cfg.rotary_dim = 2;
+    d.cfg.sum_table_grads = uniform(0, 1) == 1;
+  }
   d.cfg.seed = seed;
   return d;
 }

@@ -143,8 +143,20 @@ TEST_CASE("strides", "[host][validate]") {
   p.grad_key_states.seq_stride = D / 2;  // rows overlap
   expect(p, StatusCode::kOverlappingRows, "grad_key_states.seq_stride");
   p = buf.out_of_place();
-  p.grad_cos.batch_stride = 0;  // broadcast is for inputs only
-  expect(p, StatusCode::kOverlappingRows, "grad_cos.batch_stride");
+  p.grad_cos.batch_stride = 0;  // summed over the batch: both table gradients or neither
+  expect(p, StatusCode::kInvalidStride, "grad_sin.batch_stride");
+  p.grad_sin.batch_stride = 0;
+  expect(p, StatusCode::kSuccess, nullptr);
+  p = buf.out_of_place();
+  p.grad_cos.seq_stride = 0;  // a summed table still has one row a token
+  expect(p, StatusCode::kOverlappingRows, "grad_cos.seq_stride");
+  p = buf.out_of_place();
+  p.rotary_dim = D + 2;
+  expect(p, StatusCode::kInvalidHeadDim, "rotary_dim");
+  p.rotary_dim = 3;
+  expect(p, StatusCode::kInvalidHeadDim, "rotary_dim");
+  p.rotary_dim = D / 2;  // the tables [B, S, R] then need only R columns
+  expect(p, StatusCode::kSuccess, nullptr);
   p = buf.out_of_place();
   p.grad_value_cache_input.head_stride = L * D / 2;  // heads overlap
   expect(p, StatusCode::kOverlappingRows, "grad_value_cache_input.head_stride");

@@ -130,6 +130,10 @@ struct Config {
   // Arbitrary strides: extra elements after each row, head block and batch of every tensor, and a
   // pointer offset (in elements) that breaks 16-byte alignment when odd.
   int64_t pad_row = 0, pad_head = 0, pad_batch = 0, offset = 0;
+  // The rotation: rotary_dim R (0: D), the style, and table gradients summed over the batch.
+  int64_t rotary_dim = 0;
+  RotaryStyle style = RotaryStyle::kRotateHalf;
+  bool sum_table_grads = false;
 
   std::string describe() const {
     std::ostringstream os;
@@ -138,6 +142,9 @@ struct Config {
        << " variant=" << name(variant) << (broadcast_tables ? " broadcast_tables" : "") << " seed=" << seed;
     if (pad_row || pad_head || pad_batch || offset)
       os << " pad=" << pad_row << "/" << pad_head << "/" << pad_batch << " offset=" << offset;
+    if (rotary_dim || style != RotaryStyle::kRotateHalf || sum_table_grads)
+      os << " R=" << rotary_dim << (style == RotaryStyle::kInterleaved ? " interleaved" : " rotate-half")
+         << (sum_table_grads ? " summed_table_grads" : "");
     return os.str();
   }
 };
@@ -204,7 +211,7 @@ struct Problem {
     const size_t cache = heads_span(s.cache_len);
     const size_t tok = heads_span(s.seq_len);
     const size_t tab = table_span(c.broadcast_tables);
-    const size_t tab_out = table_span(false);
+    const size_t tab_out = table_span(c.sum_table_grads);
     gk = DeviceBuffer<T>(cache);
     gv = DeviceBuffer<T>(cache);
     key = DeviceBuffer<T>(tok);
@@ -249,7 +256,7 @@ struct Problem {
     return static_cast<size_t>(cfg.offset + cfg.shape.batch * v.batch_stride);
   }
   TokenRows<T> table_view(T* data, bool broadcast) const {
-    const int64_t row = cfg.shape.head_dim + cfg.pad_row;
+    const int64_t row = effective_rotary_dim(cfg.rotary_dim, cfg.shape.head_dim) + cfg.pad_row;
     const int64_t batch_stride = broadcast ? 0 : cfg.shape.seq_len * row + cfg.pad_batch;
     return {data ? data + cfg.offset : nullptr, batch_stride, row};
   }
@@ -259,7 +266,7 @@ struct Problem {
     return static_cast<size_t>(cfg.offset + batches * (cfg.shape.seq_len * v.seq_stride + cfg.pad_batch));
   }
   TokenRows<T> table_view(T* data) const { return table_view(data, cfg.broadcast_tables); }
-  TokenRows<T> out_table_view(T* data) const { return table_view(data, false); }
+  TokenRows<T> out_table_view(T* data) const { return table_view(data, cfg.sum_table_grads); }
 
   bool tables() const {
     return cfg.variant != Variant::kOutOfPlaceNoTables && cfg.variant != Variant::kInPlaceNoTables;
@@ -275,6 +282,8 @@ struct Problem {
     p.seq_len = s.seq_len;
     p.cache_len = s.cache_len;
     p.head_dim = s.head_dim;
+    p.rotary_dim = cfg.rotary_dim;
+    p.style = cfg.style;
     p.key_states = tables() ? heads_view(key_, s.seq_len) : HeadRows<T>{};  // not read without tables
     p.cos = table_view(cos_);
     p.sin = table_view(sin_);

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "../core/divmod.cuh"
+#include "../core/rotary.cuh"
 #include "../core/tensor.cuh"
 
 namespace kvrope::detail {
@@ -57,6 +58,11 @@ struct FusedArgs : ProblemArgs<T> {
   int64_t bulk_per_block;   // with bulk: chunks of the first window each block copies (bulk_range)
   bool share_chunks;        // with bulk and a workspace: chunks past grid x bulk_per_block are taken by ticket
   unsigned int* workspace;  // with share_chunks: {chunk ticket, blocks done}; else null
+  // The general instance (kGeneral: another style, partial rotary, or shared table gradients).
+  int64_t rotary_dim;  // R
+  RotaryStyle style;
+  int rotary_units;  // chunk pairs of the rotated part: R / (2 N)
+  bool sum_batches;  // the table gradients have batch stride 0: a token's warps sum over the batch
 };
 
 //! The decode kernel (S == 1) adds which warps do the tokens and the copy's divisor.

@@ -78,11 +78,23 @@ auto fused_instance(bool in_place) {
   return in_place ? backward_kernel<T, kD, kVec, true> : backward_kernel<T, kD, kVec, false>;
 }
 
+//! A call's rotation besides the default (rotate-half, R = D, table gradients per batch).
+struct RotarySpec {
+  int64_t rotary_dim = 0;  // R (0: D)
+  RotaryStyle style = RotaryStyle::kRotateHalf;
+  bool sum_batches = false;  // table gradients of batch stride 0 with B > 1: summed over the batch
+
+  bool general(int64_t head_dim) const {
+    return style != RotaryStyle::kRotateHalf || effective_rotary_dim(rotary_dim, head_dim) != head_dim || sum_batches;
+  }
+};
+
 // Plans the call `a` (workspace: BackwardParams::workspace or null) on the current device with
 // `policy` (null: the device's own) and launches it unless `plan_only`. `Dims`: the compiled head dims.
+// A call with another rotation (RotarySpec::general) takes the general instance of the fused kernel.
 template <typename Dims, typename T>
-Status launch_backward(const ProblemArgs<T>& a, unsigned int* workspace, const LaunchPolicy* policy,
-                       cudaStream_t stream, LaunchConfig* config_out, bool plan_only) {
+Status launch_backward(const ProblemArgs<T>& a, const RotarySpec& rotary, unsigned int* workspace,
+                       const LaunchPolicy* policy, cudaStream_t stream, LaunchConfig* config_out, bool plan_only) {
   static_assert(kIsSupportedType<T>, "kvrope: T must be __nv_bfloat16, __half or float");
   constexpr int kWide = 16 / sizeof(T);
   LaunchConfig config{};
@@ -91,7 +103,9 @@ Status launch_backward(const ProblemArgs<T>& a, unsigned int* workspace, const L
     if (config_out) *config_out = config;
     return {};
   }
-  const bool vec = vectorizable(a);
+  const bool general = rotary.general(a.head_dim);
+  const int64_t rotary_dim = effective_rotary_dim(rotary.rotary_dim, a.head_dim);
+  const bool vec = vectorizable(a) && rotary_dim % (2 * kWide) == 0;
   BackwardPlan& plan = config.plan;
   int device = 0, major = 0;
   DeviceFacts facts{};
@@ -101,7 +115,7 @@ Status launch_backward(const ProblemArgs<T>& a, unsigned int* workspace, const L
   if (Status s = device_attribute(cudaDevAttrComputeCapabilityMajor, device, &major); !s) return s;
   const LaunchPolicy pol = policy ? *policy : policy_for(major);
 
-  if (takes_decode(a, pol, vec)) {
+  if (!general && takes_decode(a, pol, vec)) {
     using Kernel = void (*)(DecodeArgs<T>);
     const Kernel kernel = kvrope::dispatch_head_dim<Dims>(a.head_dim, [&](auto d) -> Kernel {
       constexpr int kD = decltype(d)::value;
@@ -124,17 +138,27 @@ Status launch_backward(const ProblemArgs<T>& a, unsigned int* workspace, const L
   Kernel kernel = fused_instance<T, 0, 1>(a.in_place);
   plan.path = BackwardPath::kGenericScalar;
   plan.vec_width = 1;
+  if (general) {
+    kernel = a.in_place ? backward_kernel<T, 0, 1, true, true> : backward_kernel<T, 0, 1, false, true>;
+    if (vec) kernel = a.in_place ? backward_kernel<T, 0, kWide, true, true> : backward_kernel<T, 0, kWide, false, true>;
+  }
   if (vec) {
     plan.vec_width = kWide;
-    plan.head_dim_instance = kvrope::dispatch_head_dim<Dims>(a.head_dim, [&](auto d) {
-      kernel = fused_instance<T, decltype(d)::value, kWide>(a.in_place);
-      return decltype(d)::value;
-    });
+    if (!general) {
+      plan.head_dim_instance = kvrope::dispatch_head_dim<Dims>(a.head_dim, [&](auto d) {
+        kernel = fused_instance<T, decltype(d)::value, kWide>(a.in_place);
+        return decltype(d)::value;
+      });
+    }
     plan.path = plan.head_dim_instance ? BackwardPath::kCompiledHeadDim : BackwardPath::kGenericVectorized;
   }
   if (major >= 9)
     if (Status s = kernel_has_sm90_code(kernel, device, &facts.sm90_code); !s) return s;
   FusedArgs<T> args = plan_fused_block(a, pol, facts, vec, config);
+  args.rotary_dim = rotary_dim;
+  args.style = rotary.style;
+  args.rotary_units = static_cast<int>(rotary_dim / (2 * std::min(plan.vec_width, kTokenVecMax)));
+  args.sum_batches = rotary.sum_batches;
   int resident = 0;
   const int allowed_shared = static_cast<int>(std::min<int64_t>(kMaxSharedBytes, facts.shared_optin));
   if (Status s = resident_blocks(kernel, device, plan.block, plan.shared_bytes, allowed_shared, &resident); !s)

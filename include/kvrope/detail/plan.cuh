@@ -206,7 +206,7 @@ template <typename T>
 void plan_fused_grid(FusedArgs<T>& f, const LaunchPolicy& policy, int sms, int resident, unsigned int* workspace,
                      LaunchConfig& config) {
   BackwardPlan& plan = config.plan;
-  const int64_t tokens = f.batch * f.seq_len;
+  const int64_t tokens = f.sum_batches ? f.seq_len : f.batch * f.seq_len;
   const int64_t copy_elems = f.in_place ? 0 : 2 * f.batch * f.heads * f.cache_len * f.head_dim;
   const int64_t grid_max = int64_t{sms} * std::max(1, std::min(policy.blocks_per_sm, resident));  // one wave
   const int64_t warps = plan.block / 32;

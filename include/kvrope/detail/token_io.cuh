@@ -109,21 +109,37 @@ __device__ __forceinline__ void store_raw(T* row, int64_t h, int64_t i0, const R
   store_vec<M>(p + h, c.hi);
 }
 
+//! How a chunk pair rotates: pairs across the two chunks (rotate-half; the default), whole pairs
+//! within each chunk (interleaved), or not at all (the pass-through elements of partial rotary).
+enum class RopeMode : int { kCross, kWithin, kPass };
+
 // A lane's outputs for its chunk pair of head j of token t: grad_value_states, grad_key_states, the
 // table terms (into gcos / gsin when `tables`) and, with `zero_row`, zeros at row r of the
 // cache-input gradients. A token with a bad position passes zero rows, key_ok and tables false
 // (or zero tables), so its outputs are zeros whatever its inputs hold (0 x inf would be NaN).
-template <typename T, int N>
+template <RopeMode kMode = RopeMode::kCross, typename T, int N>
 __device__ __forceinline__ void store_head_outputs(const ProblemArgs<T>& a, int64_t b, int64_t j, int64_t t, int64_t r,
                                                    int64_t half, int64_t i0, const RawChunk<T, N>& gk_row,
                                                    const RawChunk<T, N>& gv_row, const RawChunk<T, N>& key_row,
                                                    const RopeChunk<N>& cs, const RopeChunk<N>& sn, bool key_ok,
                                                    bool tables, bool zero_row, RopeChunk<N>& gcos, RopeChunk<N>& gsin) {
-  const RopeChunk<N> gf = gk_row.widen();
-  if (tables) accumulate_rope_table_grads(gf, key_row.widen(), gcos, gsin);
-  store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), half, i0, gv_row);
-  store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), half, i0,
-                             key_ok ? rope_backward(gf, cs, sn) : RopeChunk<N>::zeros());
+  if constexpr (kMode == RopeMode::kPass) {  // the gradient as gathered, bit-exact
+    const RawChunk<T, N> zero{Vec<T, N>::zeros(), Vec<T, N>::zeros()};
+    store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), half, i0, gv_row);
+    store_raw<cub::STORE_CS>(a.grad_key.row(b, j, t), half, i0, key_ok ? gk_row : zero);
+  } else if constexpr (kMode == RopeMode::kCross) {
+    const RopeChunk<N> gf = gk_row.widen();
+    if (tables) accumulate_rope_table_grads(gf, key_row.widen(), gcos, gsin);
+    store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), half, i0, gv_row);
+    store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), half, i0,
+                               key_ok ? rope_backward(gf, cs, sn) : RopeChunk<N>::zeros());
+  } else {
+    const RopeChunk<N> gf = gk_row.widen();
+    if (tables) accumulate_rope_table_grads_interleaved(gf, key_row.widen(), gcos, gsin);
+    store_raw<cub::STORE_CS>(a.grad_value.row(b, j, t), half, i0, gv_row);
+    store_chunk<cub::STORE_CS>(a.grad_key.row(b, j, t), half, i0,
+                               key_ok ? rope_backward_interleaved(gf, cs, sn) : RopeChunk<N>::zeros());
+  }
   if (zero_row) {
     const RawChunk<T, N> zero{Vec<T, N>::zeros(), Vec<T, N>::zeros()};
     store_raw<cub::STORE_CS>(a.gk_out.row(b, j, r), half, i0, zero);

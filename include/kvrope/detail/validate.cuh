@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "../backward_params.cuh"
+#include "../core/rotary.cuh"
 #include "../core/status.cuh"
 
 namespace kvrope::detail {
@@ -131,6 +132,14 @@ Status check_common_sizes(const BackwardCommon<T, Pos>& p) {
   if (p.seq_len < 0) return fail(StatusCode::kInvalidSize, "seq_len");
   if (p.cache_len < 0) return fail(StatusCode::kInvalidSize, "cache_len");
   if (p.head_dim <= 0 || p.head_dim % 2 != 0) return fail(StatusCode::kInvalidHeadDim, "head_dim");
+  if (p.rotary_dim < 0 || p.rotary_dim > p.head_dim || p.rotary_dim % 2 != 0)
+    return fail(StatusCode::kInvalidHeadDim, "rotary_dim");
+  if (p.style != RotaryStyle::kRotateHalf && p.style != RotaryStyle::kInterleaved)
+    return fail(StatusCode::kInvalidSize, "style");
+  // Table gradients summed over the batch (batch stride 0) are both summed or neither.
+  if (p.grad_cos.data && p.grad_sin.data && p.batch > 1 &&
+      (p.grad_cos.batch_stride == 0) != (p.grad_sin.batch_stride == 0))
+    return fail(StatusCode::kInvalidStride, "grad_sin.batch_stride");
   if (p.cache_len > kMaxRows) return fail(StatusCode::kTooLarge, "cache_len");
   if (p.seq_len > kMaxRows) return fail(StatusCode::kTooLarge, "seq_len");
   const double rows = static_cast<double>(p.batch) * static_cast<double>(p.heads) *
@@ -176,23 +185,31 @@ std::array<Layout, 4> common_inputs(const BackwardCommon<T, Pos>& p) {
   const bool tables = p.grad_cos.data != nullptr || p.grad_sin.data != nullptr;
   const int64_t key_batch = tables ? p.batch : 0;  // key_states is not read without table gradients
   const int64_t table_batch = p.heads > 0 ? p.batch : 0;
+  const int64_t rotary = effective_rotary_dim(p.rotary_dim, p.head_dim);
   const Layout pos = flat_layout("cache_position", p.cache_position, sizeof(Pos), p.batch > 0 ? p.seq_len : 0);
   return {head_layout("key_states", KVROPE_DETAIL_HEAD_STRIDES(key_states), p.key_states, key_batch, p.heads, p.seq_len,
                       p.head_dim),
-          token_layout("cos", KVROPE_DETAIL_TOKEN_STRIDES(cos), p.cos, table_batch, p.seq_len, p.head_dim),
-          token_layout("sin", KVROPE_DETAIL_TOKEN_STRIDES(sin), p.sin, table_batch, p.seq_len, p.head_dim), pos};
+          token_layout("cos", KVROPE_DETAIL_TOKEN_STRIDES(cos), p.cos, table_batch, p.seq_len, rotary),
+          token_layout("sin", KVROPE_DETAIL_TOKEN_STRIDES(sin), p.sin, table_batch, p.seq_len, rotary), pos};
+}
+
+// A table gradient's batch extent: 0 when not asked for, 1 when summed over the batch (batch stride 0).
+template <typename T>
+int64_t table_grad_batch(const TokenRows<T>& v, int64_t batch) {
+  return v.data == nullptr ? 0 : v.batch_stride == 0 ? std::min<int64_t>(batch, 1) : batch;
 }
 
 template <typename T, typename Pos>
 std::array<Layout, 4> common_outputs(const BackwardCommon<T, Pos>& p) {
+  const int64_t rotary = effective_rotary_dim(p.rotary_dim, p.head_dim);
   return {head_layout("grad_key_states", KVROPE_DETAIL_HEAD_STRIDES(grad_key_states), p.grad_key_states, p.batch,
                       p.heads, p.seq_len, p.head_dim),
           head_layout("grad_value_states", KVROPE_DETAIL_HEAD_STRIDES(grad_value_states), p.grad_value_states, p.batch,
                       p.heads, p.seq_len, p.head_dim),
-          token_layout("grad_cos", KVROPE_DETAIL_TOKEN_STRIDES(grad_cos), p.grad_cos, p.grad_cos.data ? p.batch : 0,
-                       p.seq_len, p.head_dim),
-          token_layout("grad_sin", KVROPE_DETAIL_TOKEN_STRIDES(grad_sin), p.grad_sin, p.grad_sin.data ? p.batch : 0,
-                       p.seq_len, p.head_dim)};
+          token_layout("grad_cos", KVROPE_DETAIL_TOKEN_STRIDES(grad_cos), p.grad_cos,
+                       table_grad_batch(p.grad_cos, p.batch), p.seq_len, rotary),
+          token_layout("grad_sin", KVROPE_DETAIL_TOKEN_STRIDES(grad_sin), p.grad_sin,
+                       table_grad_batch(p.grad_sin, p.batch), p.seq_len, rotary)};
 }
 
 // A [B, H, S_max, D] cache (or cache gradient) of the call.

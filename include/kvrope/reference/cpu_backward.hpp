@@ -1,4 +1,5 @@
-// The float64 CPU reference of the backward op and the checker the tests and the benchmark use.
+// The float64 CPU reference of the backward op (docs/spec.md §1, with the styles and partial rotary of §2.7) and
+// the checker the tests and the benchmark use. The tolerance helpers here serve cpu_forward.hpp too.
 #pragma once
 
 #include <algorithm>
@@ -40,12 +41,24 @@ struct Gold {
   double abs_sum = 0.0;
 };
 
+namespace detail {
+//! A cache_position wrapped as in PyTorch indexing (docs/spec.md §1.6): the row, or -1 outside [-S_max, S_max).
+inline int64_t wrap_row(int64_t position, int64_t cache_len) {
+  if (position < 0) position += cache_len;
+  return (position >= 0 && position < cache_len) ? position : -1;
+}
+}  // namespace detail
+
+//! The rotary dim R of a call (forward or backward parameters): rotary_dim, or D when it is 0.
+template <typename Params>
+int64_t rotary_dim_of(const Params& p) {
+  return effective_rotary_dim(p.rotary_dim, p.head_dim);
+}
+
 //! The row of the cache token t was written to, or -1 when its position is out of range.
 template <typename T, typename Pos>
 int64_t cache_row(const BackwardCommon<T, Pos>& p, int64_t t) {
-  int64_t r = static_cast<int64_t>(p.cache_position[t]);
-  if (r < 0) r += p.cache_len;
-  return (r >= 0 && r < p.cache_len) ? r : -1;
+  return detail::wrap_row(static_cast<int64_t>(p.cache_position[t]), p.cache_len);
 }
 
 //! True when every position is in [-S_max, S_max) (else the kernel must raise the error flag).
@@ -63,38 +76,57 @@ double at(const T* row, int64_t d) {
 }
 }  // namespace detail
 
-//! grad_key_states[b, j, t, d] from gK (host pointers).
+//! grad_key_states[b, j, t, d] from gK (host pointers): for the pair (a, b) of d < R, the adjoint of the rotation,
+//! gx[a] = g[a] cos[a] + g[b] sin[b] and gx[b] = g[b] cos[b] - g[a] sin[a]; for d >= R the gradient itself (a
+//! copy: abs_sum 0). Zero for a token whose position is out of range.
 template <typename T, typename Pos>
 Gold gold_grad_key(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk, int64_t b, int64_t j, int64_t t, int64_t d) {
   const int64_t r = cache_row(p, t);
   if (r < 0) return {};
-  const int64_t h = p.head_dim / 2;
+  const int64_t R = rotary_dim_of(p);
   const T* g = gk.row(b, j, r);
+  using detail::at;
+  if (d >= R) return {at(g, d), 0.0};
   const T* c = p.cos.row(b, t);
   const T* s = p.sin.row(b, t);
-  using detail::at;
+  const int64_t o = rotary_partner(p.style, R, d);
   const double x = at(g, d) * at(c, d);
-  const double y = d < h ? at(g, d + h) * at(s, d + h) : -at(g, d - h) * at(s, d - h);
+  const double y = rotary_first(p.style, R, d) ? at(g, o) * at(s, o) : -at(g, o) * at(s, o);
   return {x + y, std::fabs(x) + std::fabs(y)};
 }
 
-//! grad_cos[b, t, d] (table = 0) or grad_sin[b, t, d] (table = 1): a sum over the heads.
+//! grad_cos[b, t, d] (table = 0) or grad_sin[b, t, d] (table = 1), d < R: a sum over the heads of g[d] k[d] (cos),
+//! of -g[a] k[b] (sin, d = a the first of its pair (a, b)) or g[b] k[a] (sin, d = b the second).
 template <typename T, typename Pos>
 Gold gold_grad_table(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk, int table, int64_t b, int64_t t,
                      int64_t d) {
   const int64_t r = cache_row(p, t);
   if (r < 0) return {};
-  const int64_t h = p.head_dim / 2;
+  const int64_t R = rotary_dim_of(p);
+  const int64_t o = rotary_partner(p.style, R, d);
+  const bool first = rotary_first(p.style, R, d);
   Gold out;
   using detail::at;
   for (int64_t j = 0; j < p.heads; ++j) {
     const T* g = gk.row(b, j, r);
     const T* k = p.key_states.row(b, j, t);
     double rot_k = at(k, d);
-    if (table == 1) rot_k = d < h ? -at(k, d + h) : at(k, d - h);
+    if (table == 1) rot_k = first ? -at(k, o) : at(k, o);
     const double prod = at(g, d) * rot_k;
     out.value += prod;
     out.abs_sum += std::fabs(prod);
+  }
+  return out;
+}
+
+//! The same summed over the batch too: what a grad_cos / grad_sin output of batch_stride 0 holds.
+template <typename T, typename Pos>
+Gold gold_grad_table_batch_sum(const BackwardCommon<T, Pos>& p, HeadRows<const T> gk, int table, int64_t t, int64_t d) {
+  Gold out;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Gold one = gold_grad_table(p, gk, table, b, t, d);
+    out.value += one.value;
+    out.abs_sum += one.abs_sum;
   }
   return out;
 }
@@ -109,29 +141,40 @@ struct BackwardOutputs {
 
 //! Dense float64 results of the reference, for small problems.
 struct BackwardGold {
-  std::vector<Gold> grad_key_states, grad_cos, grad_sin;             // [B, H, S, D], [B, S, D], [B, S, D]
+  std::vector<Gold> grad_key_states;                                 // [B, H, S, D]
+  std::vector<Gold> grad_cos, grad_sin;                              // [B, S, R]: one table a batch
+  std::vector<Gold> grad_cos_batch_sum, grad_sin_batch_sum;          // [S, R]: an output of batch_stride 0
   std::vector<double> grad_value_states;                             // [B, H, S, D]
   std::vector<double> grad_key_cache_input, grad_value_cache_input;  // [B, H, S_max, D]
 };
 
 //! Computes every output of the backward in float64 from host inputs (the output fields of
-//! `inputs` are ignored). Out-of-range tokens give zero outputs and zero no row.
+//! `inputs` are ignored: both forms of the table gradients are given). Out-of-range tokens give
+//! zero outputs and zero no row.
 template <typename T, typename Pos>
 BackwardGold cpu_backward(const BackwardParams<T, Pos>& in) {
   const int64_t B = in.batch, H = in.heads, S = in.seq_len, L = in.cache_len, D = in.head_dim;
+  const int64_t R = rotary_dim_of(in);
   BackwardGold g;
   g.grad_key_states.resize(B * H * S * D);
   g.grad_value_states.resize(B * H * S * D);
-  g.grad_cos.resize(B * S * D);
-  g.grad_sin.resize(B * S * D);
+  g.grad_cos.resize(B * S * R);
+  g.grad_sin.resize(B * S * R);
+  g.grad_cos_batch_sum.resize(S * R);
+  g.grad_sin_batch_sum.resize(S * R);
   g.grad_key_cache_input.resize(B * H * L * D);
   g.grad_value_cache_input.resize(B * H * L * D);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < S; ++t) {
       const int64_t r = cache_row(in, t);
-      for (int64_t d = 0; d < D; ++d) {
-        g.grad_cos[(b * S + t) * D + d] = gold_grad_table(in, in.grad_key_cache, 0, b, t, d);
-        g.grad_sin[(b * S + t) * D + d] = gold_grad_table(in, in.grad_key_cache, 1, b, t, d);
+      for (int64_t d = 0; d < R; ++d) {
+        Gold* sums[2] = {&g.grad_cos_batch_sum[t * R + d], &g.grad_sin_batch_sum[t * R + d]};
+        Gold* per_batch[2] = {&g.grad_cos[(b * S + t) * R + d], &g.grad_sin[(b * S + t) * R + d]};
+        for (int table = 0; table < 2; ++table) {
+          *per_batch[table] = gold_grad_table(in, in.grad_key_cache, table, b, t, d);
+          sums[table]->value += per_batch[table]->value;
+          sums[table]->abs_sum += per_batch[table]->abs_sum;
+        }
       }
       for (int64_t j = 0; j < H; ++j)
         for (int64_t d = 0; d < D; ++d) {
@@ -218,11 +261,14 @@ inline std::string describe(const char* name, int64_t b, int64_t j, int64_t s, i
 }  // namespace detail
 
 //! Compares a call's outputs (host copies) with the float64 reference computed from host copies of
-//! its inputs: computed outputs within tolerance, copies and zeroed rows bit-exact. Out-of-range
-//! tokens must have zero outputs. Null grad_cos/grad_sin outputs are not checked.
+//! its inputs: computed outputs within tolerance, copies (grad_value_states, the pass-through
+//! elements R..D-1 of grad_key_states) and zeroed rows bit-exact. Out-of-range tokens must have zero
+//! outputs. Null grad_cos/grad_sin outputs are not checked; one of batch_stride 0 must hold the sum
+//! over the batch (its single [S, R] table is checked once).
 template <typename T, typename Pos>
 CheckResult check_backward(const BackwardParams<T, Pos>& in, const BackwardOutputs<T>& out) {
   const int64_t B = in.batch, H = in.heads, S = in.seq_len, L = in.cache_len, D = in.head_dim;
+  const int64_t R = rotary_dim_of(in);
   const T zero = from_float<T>(0.0f);
   std::vector<char> written(static_cast<size_t>(L), 0);
   for (int64_t t = 0; t < S; ++t)
@@ -242,9 +288,14 @@ CheckResult check_backward(const BackwardParams<T, Pos>& in, const BackwardOutpu
         const T* gks = out.grad_key_states.row(b, j, t);
         const T* gvs = out.grad_value_states.row(b, j, t);
         for (int64_t d = 0; d < D; ++d) {
-          const Gold gold = gold_grad_key(in, in.grad_key_cache, b, j, t, d);
-          expect(within_tolerance(gks[d], gold.value, gold.abs_sum), "grad_key_states", j, t, d, to_float(gks[d]),
-                 gold.value);
+          if (d < R) {
+            const Gold gold = gold_grad_key(in, in.grad_key_cache, b, j, t, d);
+            expect(within_tolerance(gks[d], gold.value, gold.abs_sum), "grad_key_states", j, t, d, to_float(gks[d]),
+                   gold.value);
+          } else {  // pass-through: the gathered gradient itself
+            const T want = r < 0 ? zero : in.grad_key_cache.row(b, j, r)[d];
+            expect(detail::same_bits(gks[d], want), "grad_key_states", j, t, d, to_float(gks[d]), to_float(want));
+          }
           const T want = r < 0 ? zero : in.grad_value_cache.row(b, j, r)[d];
           expect(detail::same_bits(gvs[d], want), "grad_value_states", j, t, d, to_float(gvs[d]), to_float(want));
         }
@@ -252,8 +303,11 @@ CheckResult check_backward(const BackwardParams<T, Pos>& in, const BackwardOutpu
       for (int table = 0; table < 2; ++table) {
         const TokenRows<const T>& view = table == 0 ? out.grad_cos : out.grad_sin;
         if (!view.data) continue;
-        for (int64_t d = 0; d < D; ++d) {
-          const Gold gold = gold_grad_table(in, in.grad_key_cache, table, b, t, d);
+        const bool summed = view.batch_stride == 0;  // one table for the whole batch: checked with b = 0
+        if (summed && b != 0) continue;
+        for (int64_t d = 0; d < R; ++d) {
+          const Gold gold = summed ? gold_grad_table_batch_sum(in, in.grad_key_cache, table, t, d)
+                                   : gold_grad_table(in, in.grad_key_cache, table, b, t, d);
           const T got = view.row(b, t)[d];
           expect(within_tolerance(got, gold.value, gold.abs_sum), table == 0 ? "grad_cos" : "grad_sin", -1, t, d,
                  to_float(got), gold.value);

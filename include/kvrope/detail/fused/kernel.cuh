@@ -61,7 +61,9 @@ __device__ __forceinline__ bool build_first_mask(const FusedArgs<T>& a, uint32_t
 
 //! The fused backward (kHeadDim 0: D at run time; kVec: elements a copy access). Out of place each block
 //! splits its warps between the token role and a copy role; in place every warp does token work.
-template <typename T, int kHeadDim, int kVec, bool kInPlace>
+//! kGeneral (with kHeadDim 0 only): the interleaved style, partial rotary, table gradients summed over
+//! the batch; the default instances hold none of it.
+template <typename T, int kHeadDim, int kVec, bool kInPlace, bool kGeneral = false>
 __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const FusedArgs<T> a) {
   extern __shared__ __align__(kBulkAlign) uint32_t mask[];
   __shared__ int repeats;
@@ -75,17 +77,17 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const FusedA
     return;
   }
 #endif
-  const FirstItem first = token_warp ? first_item<kInPlace>(a, warp, lane) : FirstItem{};
+  const FirstItem first = token_warp ? first_item<kInPlace, kGeneral>(a, warp, lane) : FirstItem{};
   const TokenLayout<kHeadDim, kTokenVec<kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
   // In place, the first item's gK / gV rows go to L2 as soon as its position is in (perf log v16).
   const bool repeat = build_first_mask<kInPlace>(a, mask, &repeats, token_warp, [&] {
-    if (a.token_prefetch && first.cursor.item < (a.batch * a.seq_len) << a.token_parts_log2) {
+    if (a.token_prefetch && first.cursor.item < token_count<kGeneral>(a) << a.token_parts_log2) {
       const int64_t r = position_row(a, first.position);
       if (r >= 0) prefetch_token_rows(a, first.cursor, r, lane);
     }
   });
   if (token_warp) {
-    token_role<kInPlace>(a, layout, first, &next_positions[warp], repeat);
+    token_role<kInPlace, kGeneral>(a, layout, first, &next_positions[warp], repeat);
     return;
   }
   register_copy_role<T, kHeadDim, kVec>(a, mask, &repeats);

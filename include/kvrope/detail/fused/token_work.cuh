@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "../forward/args.cuh"
 #include "../token_io.cuh"
 
 namespace kvrope::detail {
@@ -44,11 +45,73 @@ struct TokenLayout {
 template <typename T>
 inline constexpr int kTokenBatch = sizeof(T) == 4 ? 2 : 4;
 
+// The general instance's chunk pair c of token (b, t): another rotary style or partial rotary (the unit's
+// place and mode from unit_place), or table gradients summed over the batch (the warp takes every b).
+template <typename T, int kHeadDim, int kVec>
+__device__ __forceinline__ void process_unit_general(const FusedArgs<T>& a, const TokenLayout<kHeadDim, kVec>& w,
+                                                     int64_t b, int64_t t, int64_t r, bool zero_row, int slot, int c,
+                                                     bool active) {
+  using V = Vec<T, kVec>;
+  constexpr int kBatch = kTokenBatch<T>;
+  const bool valid = r >= 0;
+  const bool want_tables = a.wants_tables();
+  const UnitPlace pl = unit_place<kVec>(a.style, a.rotary_dim, a.head_dim, a.rotary_units, active ? c : 0);
+  const int64_t span = pl.hi - pl.lo;
+  RopeChunk<kVec> gcos = RopeChunk<kVec>::zeros(), gsin = RopeChunk<kVec>::zeros();
+  const int64_t b_end = a.sum_batches ? a.batch : b + 1;
+  for (int64_t bb = a.sum_batches ? 0 : b; active && bb < b_end; ++bb) {
+#pragma unroll 1
+    for (int j0 = slot; j0 < a.heads; j0 += kBatch * w.slots) {
+      RawChunk<T, kVec> cs_raw{V::zeros(), V::zeros()}, sn_raw{V::zeros(), V::zeros()};
+      if (valid && pl.rotated) {
+        cs_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(bb, t), span, pl.lo);
+        sn_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.sin.row(bb, t), span, pl.lo);
+      }
+      RawChunk<T, kVec> gr[kBatch], vr[kBatch], kr[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int j = j0 + u * w.slots;
+        gr[u] = vr[u] = kr[u] = RawChunk<T, kVec>{V::zeros(), V::zeros()};
+        if (valid && j < a.heads) {
+          gr[u] = load_raw<cub::LOAD_CS, kVec>(a.gk.row(bb, j, r), span, pl.lo);
+          vr[u] = load_raw<cub::LOAD_CS, kVec>(a.gv.row(bb, j, r), span, pl.lo);
+          if (want_tables && pl.rotated) kr[u] = load_raw<cub::LOAD_CS, kVec>(a.key.row(bb, j, t), span, pl.lo);
+        }
+      }
+      const RopeChunk<kVec> cs = cs_raw.widen(), sn = sn_raw.widen();
+      const bool tables = want_tables && pl.rotated, zero = zero_row && valid;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int j = j0 + u * w.slots;
+        if (j >= a.heads) break;
+        if (!pl.rotated) {
+          store_head_outputs<RopeMode::kPass>(a, bb, j, t, r, span, pl.lo, gr[u], vr[u], kr[u], cs, sn, true, false,
+                                              zero, gcos, gsin);
+        } else if (pl.cross) {
+          store_head_outputs<RopeMode::kCross>(a, bb, j, t, r, span, pl.lo, gr[u], vr[u], kr[u], cs, sn, true, tables,
+                                               zero, gcos, gsin);
+        } else {
+          store_head_outputs<RopeMode::kWithin>(a, bb, j, t, r, span, pl.lo, gr[u], vr[u], kr[u], cs, sn, true, tables,
+                                                zero, gcos, gsin);
+        }
+      }
+    }
+  }
+  if (want_tables) {  // every lane: the head sum shuffles over the warp
+    float x[4 * kVec];
+    table_sums(gcos, gsin, x);
+    const bool store = active && pl.rotated;
+    T* gcos_row = store && a.grad_cos.data ? a.grad_cos.row(b, t) + pl.lo : nullptr;
+    T* gsin_row = store && a.grad_sin.data ? a.grad_sin.row(b, t) + pl.lo : nullptr;
+    head_sum_and_store<T, kVec, 4 * kVec>(gcos_row, gsin_row, span, x, 1, w.slots, slot, 0);
+  }
+}
+
 // Part `part` of token (b, t), whose cache row is r (-1: bad position, outputs zero). With zero_row,
 // the rows r of gk_out / gv_out are zeroed after being read by the same lanes (in-place, or
 // out-of-place with a.token_zeros).
-template <typename T, int kHeadDim, int kVec>
-__device__ __forceinline__ void process_token(const ProblemArgs<T>& a, const TokenLayout<kHeadDim, kVec>& w, int part,
+template <bool kGeneral, typename T, int kHeadDim, int kVec>
+__device__ __forceinline__ void process_token(const FusedArgs<T>& a, const TokenLayout<kHeadDim, kVec>& w, int part,
                                               int64_t b, int64_t t, int64_t r, bool zero_row, int lane) {
   using V = Vec<T, kVec>;
   constexpr int kBatch = kTokenBatch<T>;
@@ -61,6 +124,10 @@ __device__ __forceinline__ void process_token(const ProblemArgs<T>& a, const Tok
   for (int c0 = first_c0; c0 < w.pairs; c0 += w.per_step) {
     const int c = c0 + (lane >> w.slots_log2);
     const bool active = c < w.pairs;
+    if constexpr (kGeneral) {
+      process_unit_general(a, w, b, t, r, zero_row, slot, c, active);
+      continue;
+    }
     const int64_t i0 = int64_t{c} * kVec;
     RopeChunk<kVec> gcos = RopeChunk<kVec>::zeros(), gsin = RopeChunk<kVec>::zeros();
     if (active) {
@@ -106,8 +173,8 @@ __device__ __forceinline__ void process_token(const ProblemArgs<T>& a, const Tok
 
 // In-place with repeated positions: the warps of the first token writing row r handle every token
 // of that row in order and zero the row after the last, so no read can follow the zeroing.
-template <typename T, int kHeadDim, int kVec>
-__device__ void process_row_group(const ProblemArgs<T>& a, const TokenLayout<kHeadDim, kVec>& w, int part, int64_t b,
+template <bool kGeneral, typename T, int kHeadDim, int kVec>
+__device__ void process_row_group(const FusedArgs<T>& a, const TokenLayout<kHeadDim, kVec>& w, int part, int64_t b,
                                   int64_t t, int64_t r, int lane) {
   for (int64_t base = 0; base < t; base += 32) {
     const int64_t i = base + lane;
@@ -123,7 +190,7 @@ __device__ void process_row_group(const ProblemArgs<T>& a, const TokenLayout<kHe
         break;
       }
     }
-    process_token(a, w, part, b, cur, r, next < 0, lane);
+    process_token<kGeneral>(a, w, part, b, cur, r, next < 0, lane);
     cur = next;
   }
 }
@@ -134,12 +201,19 @@ struct TokenCursor {
   int part;
 };
 
+// Tokens of the token work: (b, t) pairs, or with sum_batches (general instance) t alone (b = 0).
+template <bool kGeneral, typename T>
+__device__ __forceinline__ int64_t token_count(const FusedArgs<T>& a) {
+  if constexpr (kGeneral) return a.sum_batches ? a.seq_len : a.batch * a.seq_len;
+  return a.batch * a.seq_len;
+}
+
 // Item `item` of the token work: part item % parts of token item / parts.
-template <typename T>
+template <bool kGeneral, typename T>
 __device__ __forceinline__ TokenCursor token_item(const FusedArgs<T>& a, int64_t item) {
   TokenCursor c{item, 0, 0, static_cast<int>(item & ((int64_t{1} << a.token_parts_log2) - 1))};
   const int64_t tok = item >> a.token_parts_log2;
-  if (tok < a.batch * a.seq_len) {
+  if (tok < token_count<kGeneral>(a)) {
     uint64_t t = 0;
     c.b = static_cast<int64_t>(a.div_seq.divmod(static_cast<uint64_t>(tok), t));
     c.t = static_cast<int64_t>(t);
@@ -185,23 +259,23 @@ __device__ __forceinline__ void prefetch_token_rows(const FusedArgs<T>& a, const
 // A token warp's items cur, cur + warps, ... (`position`: cur's, already loaded). With `zero_rows` each
 // item zeroes its rows after reading them; when rows repeat, a row's first token handles all of them.
 // The next item's position is fetched before the current item's rows (perf log v8).
-template <bool kInPlace, typename T, int kHeadDim, int kVec>
+template <bool kInPlace, bool kGeneral, typename T, int kHeadDim, int kVec>
 __device__ void token_work(const FusedArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout, TokenCursor cur,
                            RawPosition position, PositionPrefetch prefetch, int64_t warps, bool zero_rows,
                            bool repeats) {
   const int lane = threadIdx.x & 31;
-  const int64_t items = (a.batch * a.seq_len) << a.token_parts_log2;
+  const int64_t items = token_count<kGeneral>(a) << a.token_parts_log2;
   while (cur.item < items) {
     const int64_t r = position_row(a, position);
-    const TokenCursor next = token_item(a, cur.item + warps);
+    const TokenCursor next = token_item<kGeneral>(a, cur.item + warps);
     if (next.item < items) {
       prefetch.issue(a, next.t, lane);
       if (kInPlace && a.token_prefetch) prefetch_token_inputs(a, next, lane);
     }
     if (zero_rows && repeats && r >= 0) {
-      process_row_group(a, layout, cur.part, cur.b, cur.t, r, lane);
+      process_row_group<kGeneral>(a, layout, cur.part, cur.b, cur.t, r, lane);
     } else {
-      process_token(a, layout, cur.part, cur.b, cur.t, r, zero_rows, lane);
+      process_token<kGeneral>(a, layout, cur.part, cur.b, cur.t, r, zero_rows, lane);
     }
     if (r < 0 && cur.part == 0 && lane == 0 && a.error_flag) atomicOr(a.error_flag, kErrorPositionOutOfRange);
     cur = next;
@@ -215,10 +289,10 @@ struct FirstItem {
   TokenCursor cursor;
   RawPosition position;
 };
-template <bool kInPlace, typename T>
+template <bool kInPlace, bool kGeneral, typename T>
 __device__ __forceinline__ FirstItem first_item(const FusedArgs<T>& a, int warp, int lane) {
-  FirstItem f{token_item(a, int64_t{warp} * gridDim.x + blockIdx.x), {}};
-  if (f.cursor.item < (a.batch * a.seq_len) << a.token_parts_log2) {
+  FirstItem f{token_item<kGeneral>(a, int64_t{warp} * gridDim.x + blockIdx.x), {}};
+  if (f.cursor.item < token_count<kGeneral>(a) << a.token_parts_log2) {
     f.position = load_position(a, f.cursor.t);
     // In place, hidden behind the bitmask's build (built only when S > 1).
     if (kInPlace && a.token_prefetch && a.seq_len > 1) prefetch_token_inputs(a, f.cursor, lane);
@@ -228,16 +302,17 @@ __device__ __forceinline__ FirstItem first_item(const FusedArgs<T>& a, int warp,
 
 //! The token role: every warp in place; warps [0, token_warps) of each block out of place. Rows
 //! cache_position are zeroed by the token warps in place, and out of place with a.token_zeros.
-template <bool kInPlace, typename T, int kHeadDim, int kVec>
+template <bool kInPlace, bool kGeneral, typename T, int kHeadDim, int kVec>
 __device__ __forceinline__ void token_role(const FusedArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout,
                                            const FirstItem& first, RawPosition* position_slot, bool repeats) {
   const int64_t warps_per_block = kInPlace ? blockDim.x / 32 : a.token_warps;
   const int64_t token_warps = int64_t{gridDim.x} * warps_per_block;
   const PositionPrefetch prefetch{position_slot, {}};
   if (kInPlace || a.token_zeros) {
-    token_work<kInPlace>(a, layout, first.cursor, first.position, prefetch, token_warps, true, kInPlace && repeats);
+    token_work<kInPlace, kGeneral>(a, layout, first.cursor, first.position, prefetch, token_warps, true,
+                                   kInPlace && repeats);
   } else {
-    token_work<kInPlace>(a, layout, first.cursor, first.position, prefetch, token_warps, false, false);
+    token_work<kInPlace, kGeneral>(a, layout, first.cursor, first.position, prefetch, token_warps, false, false);
   }
 }
 

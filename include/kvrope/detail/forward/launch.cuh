@@ -1,0 +1,134 @@
+// The forward's planner (pure) and launch.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../../core/status.cuh"
+#include "../../forward_params.cuh"
+#include "../launch.cuh"
+#include "../plan.cuh"
+#include "args.cuh"
+#include "kernel.cuh"
+
+namespace kvrope {
+
+//! What a forward call launches, as plan_forward reports it without launching.
+struct ForwardPlan {
+  bool launched = false;  //!< false: nothing to read or write
+  int vec_width = 0;      //!< elements per access (16 bytes, or 1 for unaligned rows)
+  int grid = 0;           //!< blocks (one wave at most)
+  int block = 0;          //!< threads per block
+  int shared_bytes = 0;   //!< dynamic shared memory per block (the repeat bitmasks)
+  int warps_per_token = 0;
+};
+
+namespace detail {
+
+//! Most rows a repeat bitmask covers (8 KiB each); longer caches hash rows onto it, and a collision
+//! only costs its tokens a scan of the later positions.
+inline constexpr int64_t kForwardMaskRows = 65536;
+
+template <typename T, typename Pos>
+ForwardArgs<T> forward_args(const ForwardParams<T, Pos>& p) {
+  ForwardArgs<T> a{};
+  a.batch = p.batch;
+  a.heads = p.heads;
+  a.seq_len = p.seq_len;
+  a.cache_len = p.cache_len;
+  a.head_dim = p.head_dim;
+  a.rotary_dim = effective_rotary_dim(p.rotary_dim, p.head_dim);
+  a.style = p.style;
+  a.k = p.key_states;
+  a.v = p.value_states;
+  a.k_cache = p.key_cache;
+  a.v_cache = p.value_cache;
+  a.k_out = p.key_out;
+  a.q_heads = p.query_heads;
+  a.q = p.query;
+  a.q_out = p.query_out.data != nullptr ? p.query_out : p.query;
+  a.cos = p.cos;
+  a.sin = p.sin;
+  a.table_f32 = p.cos_sin_cache_f32 != nullptr;
+  a.table_cache = a.table_f32 ? static_cast<const void*>(p.cos_sin_cache_f32) : p.cos_sin_cache;
+  a.max_position = p.max_position;
+  a.position_ids = p.position_ids;
+  a.position_ids_batch_stride = p.position_ids_batch_stride;
+  a.positions = p.cache_position;
+  a.positions_are_int64 = sizeof(Pos) == 8;
+  a.error_flag = p.error_flag;
+  a.div_seq = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(p.seq_len, 1)));
+  return a;
+}
+
+//! Whether every row is 16-byte aligned and R / 2 and (D - R) / 2 are whole vectors.
+template <typename T>
+bool forward_vectorizable(const ForwardArgs<T>& a) {
+  constexpr int64_t kWide = 16 / sizeof(T);
+  return a.head_dim % (2 * kWide) == 0 && a.rotary_dim % (2 * kWide) == 0 && aligned16(a.k) && aligned16(a.v) &&
+         aligned16(a.k_cache) && aligned16(a.v_cache) && aligned16(a.k_out) && aligned16(a.q) && aligned16(a.q_out) &&
+         aligned16(a.cos) && aligned16(a.sin);
+}
+
+//! Fills the plan part of `a` for chunks of `n` elements, `sms` SMs and `resident` blocks a SM.
+template <typename T>
+void plan_forward_launch(ForwardArgs<T>& a, int n, int sms, int resident, ForwardPlan& plan) {
+  a.units = static_cast<int>(a.head_dim / (2 * n));
+  a.rotary_units = static_cast<int>(a.rotary_dim / (2 * n));
+  a.slots = a.units <= 32 ? 32 / a.units : 1;
+  const int64_t tokens = a.batch * a.seq_len;
+  const int64_t passes = (a.heads + a.q_heads + a.slots - 1) / a.slots;
+  const int64_t warps_wanted = int64_t{sms} * kForwardBlocksPerSm * (kForwardBlockThreads / 32);
+  int parts_log2 = 0;  // few tokens: their heads over several warps
+  while (parts_log2 < 3 && (int64_t{2} << parts_log2) <= passes && (tokens << (parts_log2 + 1)) <= warps_wanted)
+    ++parts_log2;
+  a.parts_log2 = parts_log2;
+  int64_t rows = 32;  // the repeat bitmask: a power of two of rows, one token a batch needs none
+  while (rows < std::min(a.cache_len, kForwardMaskRows)) rows *= 2;
+  a.mask_words = a.seq_len > 1 && a.cache_len > 0 ? rows / 32 : 0;
+  const int64_t items = tokens << parts_log2;
+  const int64_t warps = kForwardBlockThreads / 32;
+  const int64_t grid_max = int64_t{sms} * std::clamp(resident, 1, kForwardBlocksPerSm);
+  plan.launched = true;
+  plan.vec_width = n;
+  plan.block = kForwardBlockThreads;
+  plan.grid = static_cast<int>(std::clamp<int64_t>((items + warps - 1) / warps, 1, grid_max));
+  plan.shared_bytes = static_cast<int>(2 * a.mask_words * 4);
+  plan.warps_per_token = 1 << parts_log2;
+}
+
+template <typename T>
+Status launch_forward(ForwardArgs<T> a, cudaStream_t stream, ForwardPlan* plan_out, bool plan_only) {
+  static_assert(kIsSupportedType<T>, "kvrope: T must be __nv_bfloat16, __half or float");
+  constexpr int kWide = 16 / sizeof(T);
+  ForwardPlan plan{};
+  if (a.batch * a.seq_len == 0 || a.heads + a.q_heads == 0) {
+    if (plan_out) *plan_out = plan;
+    return {};
+  }
+  const bool vec = forward_vectorizable(a);
+  using Kernel = void (*)(ForwardArgs<T>);
+  const auto instance = [&](auto n) -> Kernel {
+    constexpr int kN = decltype(n)::value;
+    if (a.table_cache == nullptr) return forward_kernel<T, kN, TableSource::kPerToken>;
+    return a.table_f32 ? forward_kernel<T, kN, TableSource::kCacheF32> : forward_kernel<T, kN, TableSource::kCacheT>;
+  };
+  const Kernel kernel =
+      vec ? instance(std::integral_constant<int, kWide>{}) : instance(std::integral_constant<int, 1>{});
+  int device = 0, sms = 0, resident = 0;
+  if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
+  if (Status s = device_attribute(cudaDevAttrMultiProcessorCount, device, &sms); !s) return s;
+  // (The bitmasks take at most 16 KiB, within the default 48 KiB a block.)
+  const int mask_bytes = 2 * static_cast<int>(kForwardMaskRows / 8);
+  if (Status s = resident_blocks(kernel, device, kForwardBlockThreads, mask_bytes, 0, &resident); !s) return s;
+  plan_forward_launch(a, vec ? kWide : 1, sms, resident, plan);
+  if (plan_out) *plan_out = plan;
+  if (plan_only) return {};
+  kernel<<<plan.grid, plan.block, plan.shared_bytes, stream>>>(a);
+  return cuda_status(cudaGetLastError(), "kernel launch");
+}
+
+}  // namespace detail
+}  // namespace kvrope

@@ -1,0 +1,244 @@
+// The float64 CPU reference of the forward op (docs/spec.md §2) and the checker the tests and the benchmark use.
+// Tolerance helpers (ulp, within_tolerance, Gold, CheckResult) are those of cpu_backward.hpp.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../backward_params.cuh"
+#include "../core/dtype.cuh"
+#include "../core/rotary.cuh"
+#include "../forward_params.cuh"
+#include "cpu_backward.hpp"
+
+namespace kvrope::reference {
+
+//! The row of the cache token t is written to, or -1 when its cache_position is out of range (the wrap of
+//! docs/spec.md §1.6).
+template <typename T, typename Pos>
+int64_t cache_row(const ForwardParams<T, Pos>& p, int64_t t) {
+  return detail::wrap_row(static_cast<int64_t>(p.cache_position[t]), p.cache_len);
+}
+
+//! True when every cache_position is in [-S_max, S_max) (else the kernel must raise kErrorPositionOutOfRange).
+template <typename T, typename Pos>
+bool positions_in_range(const ForwardParams<T, Pos>& p) {
+  for (int64_t t = 0; t < p.seq_len; ++t)
+    if (cache_row(p, t) < 0) return false;
+  return true;
+}
+
+//! True when the rotary tables come from a table cache (cos_sin_cache or cos_sin_cache_f32), false for per-token
+//! tables.
+template <typename T, typename Pos>
+bool uses_table_cache(const ForwardParams<T, Pos>& p) {
+  return p.cos_sin_cache != nullptr || p.cos_sin_cache_f32 != nullptr;
+}
+
+//! The row of the table cache token t of batch b reads: its position id, or -1 when the id is outside
+//! [0, max_position) (the token then writes nothing at all). With per-token tables: t (always valid).
+template <typename T, typename Pos>
+int64_t table_row(const ForwardParams<T, Pos>& p, int64_t b, int64_t t) {
+  if (!uses_table_cache(p)) return t;
+  const int64_t id = static_cast<int64_t>(p.position_ids[b * p.position_ids_batch_stride + t]);
+  return (id >= 0 && id < p.max_position) ? id : -1;
+}
+
+//! True when token t of batch b is rotated and written (its position id, if any, is in range).
+template <typename T, typename Pos>
+bool token_valid(const ForwardParams<T, Pos>& p, int64_t b, int64_t t) {
+  return table_row(p, b, t) >= 0;
+}
+
+//! The bits a call must OR into error_flag: kErrorPositionOutOfRange when some cache_position is outside
+//! [-S_max, S_max), kErrorPositionIdOutOfRange when some position id (of a batch b < B) is outside
+//! [0, max_position). Nothing when B = 0 (no token is read).
+template <typename T, typename Pos>
+int expected_error_flag(const ForwardParams<T, Pos>& p) {
+  if (p.batch <= 0) return 0;
+  int flag = positions_in_range(p) ? 0 : kErrorPositionOutOfRange;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t t = 0; t < p.seq_len; ++t)
+      if (!token_valid(p, b, t)) flag |= kErrorPositionIdOutOfRange;
+  return flag;
+}
+
+//! The cos and sin one element is rotated with.
+struct Angle {
+  double cos = 1.0;
+  double sin = 0.0;
+};
+
+//! The cos and sin that element e < R of token t in batch b is rotated with (the token must be valid): the
+//! per-token tables' [b, t, e], or the table cache's columns c and R/2 + c of the token's position id, with
+//! c = rotary_pair_index(style, R, e).
+template <typename T, typename Pos>
+Angle angle_of(const ForwardParams<T, Pos>& p, int64_t b, int64_t t, int64_t e) {
+  const int64_t R = rotary_dim_of(p);
+  if (!uses_table_cache(p)) return {detail::at(p.cos.row(b, t), e), detail::at(p.sin.row(b, t), e)};
+  const int64_t row = table_row(p, b, t);
+  const int64_t c = rotary_pair_index(p.style, R, e);
+  if (p.cos_sin_cache_f32) return {p.cos_sin_cache_f32[row * R + c], p.cos_sin_cache_f32[row * R + R / 2 + c]};
+  return {detail::at(p.cos_sin_cache + row * R, c), detail::at(p.cos_sin_cache + row * R, R / 2 + c)};
+}
+
+//! Element e of RoPE(x) for the head row x of token t in batch b (the token must be valid): for the pair (a, b)
+//! of e < R, out[a] = x[a] cos[a] - x[b] sin[a] and out[b] = x[b] cos[b] + x[a] sin[b]; for e >= R, x[e] (a copy:
+//! abs_sum 0).
+template <typename T, typename Pos>
+Gold gold_rope(const ForwardParams<T, Pos>& p, const T* x, int64_t b, int64_t t, int64_t e) {
+  using detail::at;
+  const int64_t R = rotary_dim_of(p);
+  if (e >= R) return {at(x, e), 0.0};
+  const Angle a = angle_of(p, b, t, e);
+  const int64_t o = rotary_partner(p.style, R, e);
+  const double xc = at(x, e) * a.cos;
+  const double ys = at(x, o) * a.sin;
+  return {rotary_first(p.style, R, e) ? xc - ys : xc + ys, std::fabs(xc) + std::fabs(ys)};
+}
+
+//! For each cache row r of batch b, the token whose keys and values it holds after the call, or -1 when no
+//! token writes it: the last token t naming r whose cache_position is in range and which is valid (tokens are
+//! applied in order; one that writes nothing does not count).
+template <typename T, typename Pos>
+std::vector<int64_t> row_writers(const ForwardParams<T, Pos>& p, int64_t b) {
+  std::vector<int64_t> writer(static_cast<size_t>(p.cache_len), -1);
+  for (int64_t t = 0; t < p.seq_len; ++t) {
+    const int64_t r = cache_row(p, t);
+    if (r >= 0 && token_valid(p, b, t)) writer[r] = t;
+  }
+  return writer;
+}
+
+//! Host copies of what a call wrote: the caches after the call, key_out, and the rotated queries (query_out, or
+//! query after an in-place call). A null key_out or query is not checked.
+template <typename T>
+struct ForwardOutputs {
+  HeadRows<const T> key_cache, value_cache, key_out, query;
+};
+
+//! Dense float64 results of the reference, for small problems: each buffer as it must be after the call.
+//! Copies (v, the pass-through elements R..D-1, rows and tokens left as they were) have abs_sum 0 and a value
+//! exact in T.
+struct ForwardGold {
+  std::vector<Gold> key_cache;      // [B, H, S_max, D]
+  std::vector<double> value_cache;  // [B, H, S_max, D]
+  std::vector<Gold> key_out;        // [B, H, S, D]; empty when key_out is null
+  std::vector<Gold> query;          // [B, Hq, S, D]: query_out, or query when rotated in place; empty when Hq = 0
+  int error_flag = 0;               // expected_error_flag
+};
+
+namespace detail {
+// The rotated query rows, and what they held before the call: query_out, or query itself in place.
+template <typename T, typename Pos>
+HeadRows<const T> query_before(const ForwardParams<T, Pos>& p) {
+  return p.query_out.data ? p.query_out : p.query;
+}
+}  // namespace detail
+
+//! Computes every output of the forward in float64 from host copies of the inputs taken before the call:
+//! k, v, q, the tables and positions, and the previous contents of the caches, of key_out and of query_out
+//! (which tokens that write nothing leave as they were).
+template <typename T, typename Pos>
+ForwardGold cpu_forward(const ForwardParams<T, Pos>& in) {
+  const int64_t B = in.batch, H = in.heads, S = in.seq_len, L = in.cache_len, D = in.head_dim;
+  const int64_t Hq = in.query_heads;
+  ForwardGold g;
+  g.key_cache.resize(B * H * L * D);
+  g.value_cache.resize(B * H * L * D);
+  if (in.key_out.data) g.key_out.resize(B * H * S * D);
+  if (Hq > 0) g.query.resize(B * Hq * S * D);
+  g.error_flag = expected_error_flag(in);
+  const HeadRows<const T> query_before = detail::query_before(in);
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int64_t> writer = row_writers(in, b);
+    for (int64_t j = 0; j < H; ++j)
+      for (int64_t r = 0; r < L; ++r) {
+        const int64_t t = writer[r];
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t o = ((b * H + j) * L + r) * D + d;
+          if (t < 0) {
+            g.key_cache[o] = {detail::at(in.key_cache.row(b, j, r), d), 0.0};
+            g.value_cache[o] = detail::at(in.value_cache.row(b, j, r), d);
+          } else {
+            g.key_cache[o] = gold_rope(in, in.key_states.row(b, j, t), b, t, d);
+            g.value_cache[o] = detail::at(in.value_states.row(b, j, t), d);
+          }
+        }
+      }
+    for (int64_t t = 0; t < S; ++t) {
+      const bool valid = token_valid(in, b, t);
+      for (int64_t j = 0; j < H && in.key_out.data; ++j)
+        for (int64_t d = 0; d < D; ++d)
+          g.key_out[((b * H + j) * S + t) * D + d] = valid ? gold_rope(in, in.key_states.row(b, j, t), b, t, d)
+                                                           : Gold{detail::at(in.key_out.row(b, j, t), d), 0.0};
+      for (int64_t i = 0; i < Hq; ++i)
+        for (int64_t d = 0; d < D; ++d)
+          g.query[((b * Hq + i) * S + t) * D + d] = valid ? gold_rope(in, in.query.row(b, i, t), b, t, d)
+                                                          : Gold{detail::at(query_before.row(b, i, t), d), 0.0};
+    }
+  }
+  return g;
+}
+
+//! Compares a call's outputs (host copies) with the float64 reference computed from host copies of its inputs
+//! taken before the call (as cpu_forward takes them): rotated elements within tolerance; copies bit-exact (the
+//! values, the pass-through elements R..D-1, the cache rows no token writes, and the key_out and query rows of
+//! tokens that write nothing, left as they were). key_out is checked when both in.key_out and out.key_out are
+//! given; the queries when query_heads > 0 and out.query is given.
+template <typename T, typename Pos>
+CheckResult check_forward(const ForwardParams<T, Pos>& in, const ForwardOutputs<T>& out) {
+  const int64_t B = in.batch, H = in.heads, S = in.seq_len, L = in.cache_len, D = in.head_dim;
+  const int64_t R = rotary_dim_of(in);
+  const bool check_key_out = in.key_out.data && out.key_out.data;
+  const bool check_query = in.query_heads > 0 && out.query.data;
+  const HeadRows<const T> query_before = detail::query_before(in);
+  detail::Tally tally;
+  detail::parallel_for(B, [&](int64_t b) {
+    int64_t checked = 0, bad = 0;
+    std::string first;
+    auto expect = [&](bool ok, const char* name, int64_t j, int64_t s, int64_t d, double got, double want) {
+      ++checked;
+      if (ok) return;
+      if (bad++ == 0) first = detail::describe(name, b, j, s, d, got, want);
+    };
+    // One head row of a rotated output: RoPE(x) when the token is valid, else `before` unchanged.
+    auto expect_rope = [&](const char* name, const T* got, const T* x, const T* before, int64_t j, int64_t s, int64_t t,
+                           bool valid) {
+      for (int64_t d = 0; d < D; ++d) {
+        if (valid && d < R) {
+          const Gold gold = gold_rope(in, x, b, t, d);
+          expect(within_tolerance(got[d], gold.value, gold.abs_sum), name, j, s, d, to_float(got[d]), gold.value);
+        } else {
+          const T want = valid ? x[d] : before[d];
+          expect(detail::same_bits(got[d], want), name, j, s, d, to_float(got[d]), to_float(want));
+        }
+      }
+    };
+    const std::vector<int64_t> writer = row_writers(in, b);
+    for (int64_t j = 0; j < H; ++j)
+      for (int64_t r = 0; r < L; ++r) {
+        const int64_t t = writer[r];
+        const T* k = t < 0 ? nullptr : in.key_states.row(b, j, t);
+        expect_rope("key_cache", out.key_cache.row(b, j, r), k, in.key_cache.row(b, j, r), j, r, t, t >= 0);
+        const T* want = t < 0 ? in.value_cache.row(b, j, r) : in.value_states.row(b, j, t);
+        const T* got = out.value_cache.row(b, j, r);
+        for (int64_t d = 0; d < D; ++d)
+          expect(detail::same_bits(got[d], want[d]), "value_cache", j, r, d, to_float(got[d]), to_float(want[d]));
+      }
+    for (int64_t t = 0; t < S; ++t) {
+      const bool valid = token_valid(in, b, t);
+      for (int64_t j = 0; j < H && check_key_out; ++j)
+        expect_rope("key_out", out.key_out.row(b, j, t), in.key_states.row(b, j, t), in.key_out.row(b, j, t), j, t, t,
+                    valid);
+      for (int64_t i = 0; i < in.query_heads && check_query; ++i)
+        expect_rope("query", out.query.row(b, i, t), in.query.row(b, i, t), query_before.row(b, i, t), i, t, t, valid);
+    }
+    tally.add(checked, bad, first);
+  });
+  return tally.result();
+}
+
+}  // namespace kvrope::reference
