@@ -90,7 +90,8 @@ int main() {
   fin.cache_position = h_pos.data();
   kvrope::reference::ForwardOutputs<T> fout{kvrope::bhsd<const T>(o_kc.data(), H, L, D),
                                             kvrope::bhsd<const T>(o_vc.data(), H, L, D),
-                                            kvrope::bhsd<const T>(o_kout.data(), H, S, D), {}};
+                                            kvrope::bhsd<const T>(o_kout.data(), H, S, D),
+                                            {}};
   const kvrope::reference::CheckResult fcheck = kvrope::reference::check_forward(fin, fout);
   std::printf("forward:  %lld values checked, %lld mismatches\n", static_cast<long long>(fcheck.checked),
               static_cast<long long>(fcheck.mismatches));
@@ -122,8 +123,7 @@ int main() {
   }
   CHECK_CUDA(cudaDeviceSynchronize());
   const std::vector<T> o_gks = download(gks, tok), o_gvs = download(gvs, tok), o_gcos = download(gcos, tab),
-                       o_gsin = download(gsin, tab), o_gk_in = download(gk_in, cache),
-                       o_gv_in = download(gv_in, cache);
+                       o_gsin = download(gsin, tab), o_gk_in = download(gk_in, cache), o_gv_in = download(gv_in, cache);
   kvrope::BackwardParams<T> gin = g;
   gin.grad_key_cache = kvrope::bhsd<const T>(h_gk.data(), H, L, D);
   gin.grad_value_cache = kvrope::bhsd<const T>(h_gv.data(), H, L, D);
@@ -141,11 +141,11 @@ int main() {
   const kvrope::reference::CheckResult bcheck = kvrope::reference::check_backward(gin, gout);
   std::printf("backward: %lld values checked, %lld mismatches\n", static_cast<long long>(bcheck.checked),
               static_cast<long long>(bcheck.mismatches));
-  for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(cos), static_cast<void*>(sin),
-                  static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(k_out), static_cast<void*>(pos),
-                  static_cast<void*>(gk), static_cast<void*>(gv), static_cast<void*>(gks), static_cast<void*>(gvs),
-                  static_cast<void*>(gcos), static_cast<void*>(gsin), static_cast<void*>(gk_in),
-                  static_cast<void*>(gv_in)})
+  for (void* p :
+       {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(cos), static_cast<void*>(sin),
+        static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(k_out), static_cast<void*>(pos),
+        static_cast<void*>(gk), static_cast<void*>(gv), static_cast<void*>(gks), static_cast<void*>(gvs),
+        static_cast<void*>(gcos), static_cast<void*>(gsin), static_cast<void*>(gk_in), static_cast<void*>(gv_in)})
     cudaFree(p);
   return fcheck.ok() && bcheck.ok() && fcheck.checked > 0 && bcheck.checked > 0 ? 0 : 1;
 }

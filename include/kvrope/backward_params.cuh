@@ -15,12 +15,12 @@ namespace kvrope {
 //! @tparam Pos type of cache_position: int64_t or int32_t
 template <typename T, typename Pos = int64_t>
 struct BackwardCommon {
-  int64_t batch = 0;      //!< B
-  int64_t heads = 0;      //!< H, number of KV heads
-  int64_t seq_len = 0;    //!< S, new tokens
-  int64_t cache_len = 0;  //!< S_max, rows of the cache
-  int64_t head_dim = 0;   //!< D, positive and even
-  int64_t rotary_dim = 0;  //!< R, even, 0 < R <= D (0: R = D); elements R..D-1 passed through
+  int64_t batch = 0;                             //!< B
+  int64_t heads = 0;                             //!< H, number of KV heads
+  int64_t seq_len = 0;                           //!< S, new tokens
+  int64_t cache_len = 0;                         //!< S_max, rows of the cache
+  int64_t head_dim = 0;                          //!< D, positive and even
+  int64_t rotary_dim = 0;                        //!< R, even, 0 < R <= D (0: R = D); elements R..D-1 passed through
   RotaryStyle style = RotaryStyle::kRotateHalf;  //!< which elements the forward rotated together
 
   HeadRows<const T> key_states;         //!< k [B, H, S, D]; read only when grad_cos or grad_sin is requested
@@ -30,8 +30,8 @@ struct BackwardCommon {
 
   HeadRows<T> grad_key_states;    //!< out [B, H, S, D]
   HeadRows<T> grad_value_states;  //!< out [B, H, S, D]
-  TokenRows<T> grad_cos;  //!< out [B, S, R]; null: not computed; batch_stride 0: summed over the batch
-  TokenRows<T> grad_sin;  //!< out [B, S, R]; null: not computed; batch_stride 0: summed over the batch
+  TokenRows<T> grad_cos;          //!< out [B, S, R]; null: not computed; batch_stride 0: summed over the batch
+  TokenRows<T> grad_sin;          //!< out [B, S, R]; null: not computed; batch_stride 0: summed over the batch
 
   //! Optional device int. When a position is out of range the kernel ORs kErrorPositionOutOfRange
   //! into it (and leaves that token's outputs zero). The caller zeroes it before the call and reads

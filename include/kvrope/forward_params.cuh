@@ -26,20 +26,20 @@ struct ForwardParams {
   int64_t rotary_dim = 0;  //!< R, even, 0 < R <= D (0: R = D); elements R..D-1 pass through
   RotaryStyle style = RotaryStyle::kRotateHalf;
 
-  HeadRows<const T> key_states;        //!< k [B, H, S, D]
-  HeadRows<const T> value_states;      //!< v [B, H, S, D]
-  HeadRows<T> key_cache;               //!< [B, H, S_max, D]: rows cache_position get RoPE(k)
-  HeadRows<T> value_cache;             //!< [B, H, S_max, D]: rows cache_position get v
+  HeadRows<const T> key_states;         //!< k [B, H, S, D]
+  HeadRows<const T> value_states;       //!< v [B, H, S, D]
+  HeadRows<T> key_cache;                //!< [B, H, S_max, D]: rows cache_position get RoPE(k)
+  HeadRows<T> value_cache;              //!< [B, H, S_max, D]: rows cache_position get v
   const Pos* cache_position = nullptr;  //!< [S] device array; values in [-S_max, S_max), negatives wrap
-  HeadRows<T> key_out;                 //!< optional [B, H, S, D]: RoPE(k); data == nullptr: not written
+  HeadRows<T> key_out;                  //!< optional [B, H, S, D]: RoPE(k); data == nullptr: not written
 
   int64_t query_heads = 0;  //!< Hq, heads of q (0: no q)
   HeadRows<T> query;        //!< q [B, Hq, S, D]: read, and rotated in place unless query_out is given
   HeadRows<T> query_out;    //!< optional [B, Hq, S, D]: RoPE(q), q left as it was
 
-  TokenRows<const T> cos;  //!< per-token tables [B, S, R] (batch_stride 0: one for the batch), or null
-  TokenRows<const T> sin;  //!< ... with cos; null when the table cache is used
-  const T* cos_sin_cache = nullptr;          //!< table cache [max_position, R] in T, or null
+  TokenRows<const T> cos;            //!< per-token tables [B, S, R] (batch_stride 0: one for the batch), or null
+  TokenRows<const T> sin;            //!< ... with cos; null when the table cache is used
+  const T* cos_sin_cache = nullptr;  //!< table cache [max_position, R] in T, or null
   const float* cos_sin_cache_f32 = nullptr;  //!< the same in fp32, or null (one source exactly)
   int64_t max_position = 0;                  //!< rows of the table cache
   const Pos* position_ids = nullptr;         //!< with the table cache: [S] or [B, S] device array

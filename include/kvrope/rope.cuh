@@ -99,8 +99,7 @@ __host__ __device__ inline RopeChunk<N> rope_backward_interleaved(const RopeChun
 //! grad_sin[b] += g[b] k[a] within each chunk.
 template <int N>
 __host__ __device__ inline void accumulate_rope_table_grads_interleaved(const RopeChunk<N>& grad,
-                                                                        const RopeChunk<N>& key,
-                                                                        RopeChunk<N>& grad_cos,
+                                                                        const RopeChunk<N>& key, RopeChunk<N>& grad_cos,
                                                                         RopeChunk<N>& grad_sin) {
   KVROPE_UNROLL
   for (int i = 0; i + 1 < N; i += 2) {

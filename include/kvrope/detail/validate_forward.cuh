@@ -59,8 +59,7 @@ Status validate_forward(const ForwardParams<T, Pos>& p) {
   const bool q_in_place = p.query_out.data == nullptr;
   const int64_t q_batch = p.query_heads > 0 ? p.batch : 0;
   const std::array<Layout, 8> in{
-      head_layout("key_states", KVROPE_DETAIL_ROWS(key_states), p.key_states, p.batch, p.heads, p.seq_len,
-                  p.head_dim),
+      head_layout("key_states", KVROPE_DETAIL_ROWS(key_states), p.key_states, p.batch, p.heads, p.seq_len, p.head_dim),
       head_layout("value_states", KVROPE_DETAIL_ROWS(value_states), p.value_states, p.batch, p.heads, p.seq_len,
                   p.head_dim),
       flat_layout("cache_position", p.cache_position, sizeof(Pos), p.batch > 0 ? p.seq_len : 0),
@@ -78,10 +77,10 @@ Status validate_forward(const ForwardParams<T, Pos>& p) {
                   p.head_dim),
       head_layout("key_out", KVROPE_DETAIL_ROWS(key_out), p.key_out, p.key_out.data ? p.batch : 0, p.heads, p.seq_len,
                   p.head_dim),
-      q_in_place ? head_layout("query", KVROPE_DETAIL_ROWS(query), p.query, q_batch, p.query_heads, p.seq_len,
-                               p.head_dim)
-                 : head_layout("query_out", KVROPE_DETAIL_ROWS(query_out), p.query_out, q_batch, p.query_heads,
-                               p.seq_len, p.head_dim)};
+      q_in_place
+          ? head_layout("query", KVROPE_DETAIL_ROWS(query), p.query, q_batch, p.query_heads, p.seq_len, p.head_dim)
+          : head_layout("query_out", KVROPE_DETAIL_ROWS(query_out), p.query_out, q_batch, p.query_heads, p.seq_len,
+                        p.head_dim)};
   return check_tensors(in, out);
 }
 
