@@ -23,6 +23,7 @@
 #include <kvrope/reference/naive_backward.cuh>
 
 #include "support/calibration.cuh"
+#include "support/launchers.cuh"  // tests/support: the launchers, compiled once
 #include "support/case_data.cuh"
 #include "support/cases.hpp"
 #include "support/check.cuh"
@@ -63,17 +64,17 @@ void run_variant(benchmark::State& state, const LeaderboardCase& lc, Variant var
   void* ws = variant == Variant::kNaive ? data.naive_workspace(&ws_bytes) : nullptr;
 
   kvrope::Status status;
-  // Without tuning flags the public launcher, as a caller calls it; with them the experimental one.
+  // Without tuning flags the public launcher, as a caller calls it; with them the experimental one
+  // (both compiled once, in the kvrope_launchers library: tests/support/launchers.cuh).
   const bool tuned = opt.tuned();
+  using Launchers = kvrope::testing::Launchers<T, int64_t>;
   auto launch = [&](cudaStream_t st) {
     switch (variant) {
       case Variant::kFused:
-        status = tuned ? kvrope::experimental::kv_cache_rope_backward(oop, g_policy, st)
-                       : kvrope::kv_cache_rope_backward(oop, st);
+        status = tuned ? Launchers::backward(oop, g_policy, st) : Launchers::backward(oop, st);
         break;
       case Variant::kInPlace:
-        status = tuned ? kvrope::experimental::kv_cache_rope_backward(ip, g_policy, st)
-                       : kvrope::kv_cache_rope_backward(ip, st);
+        status = tuned ? Launchers::backward(ip, g_policy, st) : Launchers::backward(ip, st);
         break;
       case Variant::kNaive: status = kvrope::reference::naive_backward(oop, ws, ws_bytes, st); break;
     }

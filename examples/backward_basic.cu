@@ -89,7 +89,8 @@ int main() {
 
   if (kvrope::Status s = kvrope::reset_error_flag(flag); !s) return 1;
   if (kvrope::Status s = kvrope::reset_workspace(workspace); !s) return 1;  // once: calls leave it zero
-  const kvrope::Status status = kvrope::kv_cache_rope_backward(p);
+  // HeadDims<128>: this program knows its head dim, so only that instance is compiled (docs/api.md).
+  const kvrope::Status status = kvrope::kv_cache_rope_backward<kvrope::HeadDims<128>>(p);
   if (!status) {
     std::printf("launch failed: %s (%s)\n", kvrope::to_string(status.code), status.field ? status.field : "-");
     return 1;

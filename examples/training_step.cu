@@ -117,7 +117,7 @@ int main() {
   g.grad_sin = kvrope::bsd(gsin, S, R);
   g.grad_key_cache_input = kvrope::bhsd(gk_in, H, L, D);
   g.grad_value_cache_input = kvrope::bhsd(gv_in, H, L, D);
-  if (kvrope::Status s = kvrope::kv_cache_rope_backward(g); !s) {
+  if (kvrope::Status s = kvrope::kv_cache_rope_backward<kvrope::HeadDims<64>>(g); !s) {  // D = 64 compiled alone
     std::printf("backward failed: %s (%s)\n", kvrope::to_string(s.code), s.field ? s.field : "-");
     return 1;
   }

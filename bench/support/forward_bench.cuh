@@ -46,8 +46,8 @@ void run_forward_variant(benchmark::State& state, Run& run, GpuClock& clock, std
   kvrope::Status status;
   // The public launcher as a caller calls it, or the naive reference (a memset and four launches).
   auto launch = [&](cudaStream_t st) {
-    status =
-        naive ? kvrope::reference::naive_forward(params, ws, ws_bytes, st) : kvrope::kv_cache_rope_forward(params, st);
+    status = naive ? kvrope::reference::naive_forward(params, ws, ws_bytes, st)
+                   : kvrope::testing::Launchers<T, int64_t>::forward(params, st);
   };
   // Nothing to restore: a call writes the same rows with the same values each time.
   auto prepare = [](cudaStream_t) {};

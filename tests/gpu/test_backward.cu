@@ -139,9 +139,9 @@ TEST_CASE("empty problems: B = 0 does nothing, S = 0 still copies the caches", "
   p.cache_len = 16;
   p.head_dim = 64;
   BackwardPlan plan;
-  REQUIRE(plan_backward(p, &plan).ok());
+  REQUIRE(Launchers<float, int64_t>::plan(p, &plan).ok());
   CHECK(plan.path == BackwardPath::kNothingToDo);
-  CHECK(kv_cache_rope_backward(p).ok());
+  CHECK(Launchers<float, int64_t>::backward(p, nullptr).ok());
 }
 
 TEST_CASE("a rejected call launches nothing and writes nothing", "[gpu]") {
@@ -150,13 +150,13 @@ TEST_CASE("a rejected call launches nothing and writes nothing", "[gpu]") {
   problem.poison_outputs();
   auto p = problem.device_params();
   p.head_dim = 127;
-  CHECK(kv_cache_rope_backward(p).code == StatusCode::kInvalidHeadDim);
+  CHECK(Launchers<__nv_bfloat16, int64_t>::backward(p, nullptr).code == StatusCode::kInvalidHeadDim);
   p = problem.device_params();
   p.grad_value_states = HeadRows<__nv_bfloat16>{problem.gks.get(), 0, 0, 0};  // overlapping rows
-  CHECK(kv_cache_rope_backward(p).code == StatusCode::kOverlappingRows);
+  CHECK(Launchers<__nv_bfloat16, int64_t>::backward(p, nullptr).code == StatusCode::kOverlappingRows);
   p = problem.device_params();
   p.grad_key_cache_input.data = problem.gk.get();  // out-of-place output aliasing its input
-  CHECK(kv_cache_rope_backward(p).code == StatusCode::kAliasedBuffers);
+  CHECK(Launchers<__nv_bfloat16, int64_t>::backward(p, nullptr).code == StatusCode::kAliasedBuffers);
   KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
   for (const DeviceBuffer<__nv_bfloat16>* b :
        {&problem.gks, &problem.gvs, &problem.gcos, &problem.gsin, &problem.gk_in, &problem.gv_in}) {
@@ -171,7 +171,7 @@ TEST_CASE("the fast path is taken when alignment allows, the scalar path otherwi
       Config{{2, 4, 8, 32, 128}, Layout::kBHSD, Positions::kArange, Variant::kOutOfPlace, false, 12});
   BackwardPlan plan;
   auto p = problem.device_params();
-  REQUIRE(plan_backward(p, &plan).ok());
+  REQUIRE(Launchers<__nv_bfloat16, int64_t>::plan(p, &plan).ok());
   CHECK(plan.path == BackwardPath::kCompiledHeadDim);
   CHECK(plan.head_dim_instance == 128);
   CHECK(plan.vec_width == 8);
@@ -179,7 +179,7 @@ TEST_CASE("the fast path is taken when alignment allows, the scalar path otherwi
   p.cos.seq_stride = 127;
   p.seq_len = 7;
   p.key_states.seq_stride = 128;
-  REQUIRE(plan_backward(p, &plan).ok());
+  REQUIRE(Launchers<__nv_bfloat16, int64_t>::plan(p, &plan).ok());
   CHECK(plan.path == BackwardPath::kGenericScalar);
   CHECK(plan.vec_width == 1);
 }

@@ -158,7 +158,7 @@ void run_forward(const ForwardConfig& c) {
     REQUIRE(st.ok());
     KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
   } else {
-    const Status st = kv_cache_rope_forward(p);
+    const Status st = Launchers<T, Pos>::forward(p, nullptr);
     INFO("status " << to_string(st.code) << " " << (st.field ? st.field : "-"));
     REQUIRE(st.ok());
   }
@@ -258,13 +258,13 @@ TEST_CASE("forward: aligned rows take 16-byte accesses, misaligned ones the scal
   p.sin = bsd<const __nv_bfloat16>(buf.get() + 5120, 4, 64);
   p.cache_position = pos.get();
   ForwardPlan plan;
-  REQUIRE(plan_forward(p, &plan).ok());
+  REQUIRE((Launchers<__nv_bfloat16, int64_t>::plan(p, &plan).ok()));
   CHECK(plan.vec_width == 8);
   p.key_cache.data += 1;
-  REQUIRE(plan_forward(p, &plan).ok());
+  REQUIRE((Launchers<__nv_bfloat16, int64_t>::plan(p, &plan).ok()));
   CHECK(plan.vec_width == 1);
   p.key_cache.data -= 1;
   p.rotary_dim = 8;  // R / 2 = 4 elements: not a whole 16-byte vector
-  REQUIRE(plan_forward(p, &plan).ok());
+  REQUIRE((Launchers<__nv_bfloat16, int64_t>::plan(p, &plan).ok()));
   CHECK(plan.vec_width == 1);
 }

@@ -202,10 +202,11 @@ TEST_CASE("a rejected launch writes nothing and needs no GPU", "[host][validate]
   std::vector<T> before = buf.gks;
   std::memset(buf.gks.data(), 0x5A, buf.gks.size() * sizeof(T));
   before = buf.gks;
-  CHECK(kv_cache_rope_backward(p).code == StatusCode::kInvalidHeadDim);
+  CHECK(kv_cache_rope_backward<HeadDims<>>(p).code ==
+        StatusCode::kInvalidHeadDim);  // (no compiled head dim: a quick build)
   auto q = buf.in_place();
   q.cache_position = nullptr;
-  CHECK(kv_cache_rope_backward(q).code == StatusCode::kNullPointer);
+  CHECK(kv_cache_rope_backward<HeadDims<>>(q).code == StatusCode::kNullPointer);
   CHECK(std::memcmp(before.data(), buf.gks.data(), before.size() * sizeof(T)) == 0);
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/launchers.cuh"
 
 #define KVROPE_CUDA_REQUIRE(call)                             \
   do {                                                        \
@@ -324,26 +325,27 @@ struct Problem {
   //! Launches the configured implementation on `stream` (no synchronization), with `policy` when
   //! given instead of the device's own (the fused variants, through the experimental header).
   Status launch(cudaStream_t stream = nullptr, const LaunchPolicy* policy = nullptr) {
+    using L = Launchers<T, Pos>;
     if (in_place())
-      return policy ? experimental::kv_cache_rope_backward(device_inplace_params(), *policy, stream)
-                    : kv_cache_rope_backward(device_inplace_params(), stream);
+      return policy ? L::backward(device_inplace_params(), *policy, stream)
+                    : L::backward(device_inplace_params(), stream);
     if (cfg.variant == Variant::kNaive) {
       auto p = device_params();
       workspace = DeviceBuffer<char>(reference::naive_backward_workspace_bytes(p));
       return reference::naive_backward(p, workspace.get(), workspace.size(), stream);
     }
-    return policy ? experimental::kv_cache_rope_backward(device_params(), *policy, stream)
-                  : kv_cache_rope_backward(device_params(), stream);
+    return policy ? L::backward(device_params(), *policy, stream) : L::backward(device_params(), stream);
   }
 
   //! The public plan of launch(stream) (the fused variants; the naive reference has no plan).
   Status plan(BackwardPlan* out) {
-    return in_place() ? plan_backward(device_inplace_params(), out) : plan_backward(device_params(), out);
+    using L = Launchers<T, Pos>;
+    return in_place() ? L::plan(device_inplace_params(), out) : L::plan(device_params(), out);
   }
   //! The full launch of launch(stream, policy).
   Status plan(LaunchConfig* out, const LaunchPolicy* policy) {
-    return in_place() ? experimental::plan_backward(device_inplace_params(), policy, out)
-                      : experimental::plan_backward(device_params(), policy, out);
+    using L = Launchers<T, Pos>;
+    return in_place() ? L::plan(device_inplace_params(), policy, out) : L::plan(device_params(), policy, out);
   }
 
   //! Runs the configured implementation once (with `policy` when given) and checks everything it

@@ -153,6 +153,13 @@ template <typename T, typename Pos>
 Status naive_backward(const BackwardParams<T, Pos>& p, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream = nullptr) {
   if (Status s = validate(p); !s) return s;
+  // The steps of the published reference: rotate-half, R = D, table gradients per batch only.
+  if (p.style != RotaryStyle::kRotateHalf) return kvrope::detail::fail(StatusCode::kInvalidSize, "style");
+  if (effective_rotary_dim(p.rotary_dim, p.head_dim) != p.head_dim)
+    return kvrope::detail::fail(StatusCode::kInvalidSize, "rotary_dim");
+  if (p.batch > 1 &&
+      ((p.grad_cos.data && p.grad_cos.batch_stride == 0) || (p.grad_sin.data && p.grad_sin.batch_stride == 0)))
+    return kvrope::detail::fail(StatusCode::kInvalidStride, "grad_cos.batch_stride");
   if (workspace_bytes < naive_backward_workspace_bytes(p))
     return kvrope::detail::fail(StatusCode::kInvalidSize, "workspace_bytes");
   const int64_t H = p.heads, S = p.seq_len, L = p.cache_len, D = p.head_dim;
