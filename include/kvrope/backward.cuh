@@ -95,8 +95,13 @@ inline Status reset_workspace(void* workspace, cudaStream_t stream = nullptr) {
   return detail::cuda_status(cudaMemsetAsync(workspace, 0, kBackwardWorkspaceBytes, stream), "cudaMemsetAsync");
 }
 
+//! The error flag's bit for a forward's position id out of range (forward_params.cuh's
+//! kErrorPositionIdOutOfRange; the flag is shared by both ops).
+inline constexpr int kErrorFlagPositionId = 2;
+
 //! Reads an error flag written by earlier launches on `stream`; synchronizes the stream, so call it
-//! outside graph capture. Returns kPositionOutOfRange (field "cache_position") if a position was out
+//! outside graph capture. Returns kPositionIdOutOfRange (field "position_ids") when only a forward's
+//! position id was out of range, and kPositionOutOfRange (field "cache_position") if a position was out
 //! of range, success otherwise.
 inline Status read_error_flag(const int* flag, cudaStream_t stream = nullptr) {
   int value = 0;
@@ -106,6 +111,7 @@ inline Status read_error_flag(const int* flag, cudaStream_t stream = nullptr) {
     return s;
   if (Status s = detail::cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); !s) return s;
   if (value & kErrorPositionOutOfRange) return detail::fail(StatusCode::kPositionOutOfRange, "cache_position");
+  if (value & kErrorFlagPositionId) return detail::fail(StatusCode::kPositionIdOutOfRange, "position_ids");
   return {};
 }
 

@@ -116,3 +116,8 @@ TEST_CASE("forward: outputs may overlap nothing", "[host][validate]") {
   p.key_cache.seq_stride = D / 2;  // its rows overlap
   expect(p, StatusCode::kOverlappingRows, "key_cache.seq_stride");
 }
+
+TEST_CASE("forward: the error flag's second cause has a status of its own", "[host][validate]") {
+  CHECK(std::string(to_string(StatusCode::kPositionIdOutOfRange)) == "position id out of range");
+  CHECK(kErrorPositionIdOutOfRange != kErrorPositionOutOfRange);
+}

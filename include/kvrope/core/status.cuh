@@ -16,8 +16,9 @@ enum class StatusCode : int {
   kAliasedBuffers,   //!< an output overlaps an input or another output
   kTooLarge,         //!< more than 2^32 - 1 rows in one tensor (row indices are 32-bit inside the kernel)
   kCudaError,        //!< a CUDA runtime call failed; Status::cuda_error holds its code
-  kPositionOutOfRange,  //!< reported by read_error_flag: a cache_position was outside [-S_max, S_max)
-  kMisaligned,          //!< a pointer is not aligned as the API requires (BackwardParams::workspace: 4 bytes)
+  kPositionOutOfRange,    //!< reported by read_error_flag: a cache_position was outside [-S_max, S_max)
+  kMisaligned,            //!< a pointer is not aligned as the API requires (BackwardParams::workspace: 4 bytes)
+  kPositionIdOutOfRange,  //!< reported by read_error_flag: a forward's position id was outside [0, max_position)
 };
 
 //! The result of a host entry point: a code, the first offending field (a static string such as
@@ -47,6 +48,7 @@ inline const char* to_string(StatusCode code) {
     case StatusCode::kCudaError: return "CUDA error";
     case StatusCode::kPositionOutOfRange: return "cache_position out of range";
     case StatusCode::kMisaligned: return "pointer not aligned as required";
+    case StatusCode::kPositionIdOutOfRange: return "position id out of range";
   }
   return "unknown status";
 }
