@@ -9,6 +9,7 @@
 #include "core/status.cuh"
 #include "detail/launch.cuh"
 #include "detail/validate.cuh"
+#include "forward_params.cuh"  // kErrorPositionIdOutOfRange: the error flag is shared by both ops
 
 namespace kvrope {
 
@@ -95,10 +96,6 @@ inline Status reset_workspace(void* workspace, cudaStream_t stream = nullptr) {
   return detail::cuda_status(cudaMemsetAsync(workspace, 0, kBackwardWorkspaceBytes, stream), "cudaMemsetAsync");
 }
 
-//! The error flag's bit for a forward's position id out of range (forward_params.cuh's
-//! kErrorPositionIdOutOfRange; the flag is shared by both ops).
-inline constexpr int kErrorFlagPositionId = 2;
-
 //! Reads an error flag written by earlier launches on `stream`; synchronizes the stream, so call it
 //! outside graph capture. Returns kPositionIdOutOfRange (field "position_ids") when only a forward's
 //! position id was out of range, and kPositionOutOfRange (field "cache_position") if a position was out
@@ -111,7 +108,7 @@ inline Status read_error_flag(const int* flag, cudaStream_t stream = nullptr) {
     return s;
   if (Status s = detail::cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); !s) return s;
   if (value & kErrorPositionOutOfRange) return detail::fail(StatusCode::kPositionOutOfRange, "cache_position");
-  if (value & kErrorFlagPositionId) return detail::fail(StatusCode::kPositionIdOutOfRange, "position_ids");
+  if (value & kErrorPositionIdOutOfRange) return detail::fail(StatusCode::kPositionIdOutOfRange, "position_ids");
   return {};
 }
 

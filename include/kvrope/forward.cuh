@@ -11,8 +11,6 @@
 
 namespace kvrope {
 
-static_assert(kErrorPositionIdOutOfRange == kErrorFlagPositionId, "kvrope: one error flag, one bit a cause");
-
 //! Checks a forward call without touching the device: sizes, rotary_dim, one table source, required
 //! pointers, strides, outputs whose rows do not overlap, outputs clear of every input and of each other.
 template <typename T, typename Pos>
