@@ -125,28 +125,39 @@ inline bool overlaps(const Layout& a, const Layout& b) {
   return lattice_hits(a, bytes / a.elem_bytes, a.dims - 1, by_stride(a));
 }
 
+// A head row's size and rotation, as both ops take them.
+inline Status check_rotation(int64_t head_dim, int64_t rotary_dim, RotaryStyle style) {
+  if (head_dim <= 0 || head_dim % 2 != 0) return fail(StatusCode::kInvalidHeadDim, "head_dim");
+  if (rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2 != 0)
+    return fail(StatusCode::kInvalidHeadDim, "rotary_dim");
+  if (style != RotaryStyle::kRotateHalf && style != RotaryStyle::kInterleaved)
+    return fail(StatusCode::kInvalidSize, "style");
+  return {};
+}
+
+// Row counts the kernels index in 32 bits: a cache's, the tokens', and every tensor's (its heads x rows).
+inline Status check_row_counts(int64_t batch, int64_t heads, int64_t seq_len, int64_t cache_len) {
+  if (cache_len > kMaxRows) return fail(StatusCode::kTooLarge, "cache_len");
+  if (seq_len > kMaxRows) return fail(StatusCode::kTooLarge, "seq_len");
+  const double rows =
+      static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(std::max(cache_len, seq_len));
+  if (rows > static_cast<double>(kMaxRows) || static_cast<double>(batch) * seq_len > kMaxRows)
+    return fail(StatusCode::kTooLarge, "batch");
+  return {};
+}
+
 template <typename T, typename Pos>
 Status check_common_sizes(const BackwardCommon<T, Pos>& p) {
   if (p.batch < 0) return fail(StatusCode::kInvalidSize, "batch");
   if (p.heads < 0) return fail(StatusCode::kInvalidSize, "heads");
   if (p.seq_len < 0) return fail(StatusCode::kInvalidSize, "seq_len");
   if (p.cache_len < 0) return fail(StatusCode::kInvalidSize, "cache_len");
-  if (p.head_dim <= 0 || p.head_dim % 2 != 0) return fail(StatusCode::kInvalidHeadDim, "head_dim");
-  if (p.rotary_dim < 0 || p.rotary_dim > p.head_dim || p.rotary_dim % 2 != 0)
-    return fail(StatusCode::kInvalidHeadDim, "rotary_dim");
-  if (p.style != RotaryStyle::kRotateHalf && p.style != RotaryStyle::kInterleaved)
-    return fail(StatusCode::kInvalidSize, "style");
+  if (Status s = check_rotation(p.head_dim, p.rotary_dim, p.style); !s) return s;
   // Table gradients summed over the batch (batch stride 0) are both summed or neither.
   if (p.grad_cos.data && p.grad_sin.data && p.batch > 1 &&
       (p.grad_cos.batch_stride == 0) != (p.grad_sin.batch_stride == 0))
     return fail(StatusCode::kInvalidStride, "grad_sin.batch_stride");
-  if (p.cache_len > kMaxRows) return fail(StatusCode::kTooLarge, "cache_len");
-  if (p.seq_len > kMaxRows) return fail(StatusCode::kTooLarge, "seq_len");
-  const double rows = static_cast<double>(p.batch) * static_cast<double>(p.heads) *
-                      static_cast<double>(std::max(p.cache_len, p.seq_len));
-  if (rows > static_cast<double>(kMaxRows) || static_cast<double>(p.batch) * p.seq_len > kMaxRows)
-    return fail(StatusCode::kTooLarge, "batch");
-  return {};
+  return check_row_counts(p.batch, p.heads, p.seq_len, p.cache_len);
 }
 
 // Checks a list of inputs and outputs: pointers present where there are elements, strides

@@ -22,17 +22,8 @@ Status check_forward_sizes(const ForwardParams<T, Pos>& p) {
   if (p.cache_len < 0) return fail(StatusCode::kInvalidSize, "cache_len");
   if (p.query_heads < 0) return fail(StatusCode::kInvalidSize, "query_heads");
   if (p.max_position < 0) return fail(StatusCode::kInvalidSize, "max_position");
-  if (p.head_dim <= 0 || p.head_dim % 2 != 0) return fail(StatusCode::kInvalidHeadDim, "head_dim");
-  if (p.rotary_dim < 0 || p.rotary_dim > p.head_dim || p.rotary_dim % 2 != 0)
-    return fail(StatusCode::kInvalidHeadDim, "rotary_dim");
-  if (p.style != RotaryStyle::kRotateHalf && p.style != RotaryStyle::kInterleaved)
-    return fail(StatusCode::kInvalidSize, "style");
-  if (p.cache_len > kMaxRows) return fail(StatusCode::kTooLarge, "cache_len");
-  if (p.seq_len > kMaxRows) return fail(StatusCode::kTooLarge, "seq_len");
-  const double heads = static_cast<double>(std::max(p.heads, p.query_heads));
-  const double rows = static_cast<double>(p.batch) * heads * static_cast<double>(std::max(p.cache_len, p.seq_len));
-  if (rows > static_cast<double>(kMaxRows) || static_cast<double>(p.batch) * p.seq_len > kMaxRows)
-    return fail(StatusCode::kTooLarge, "batch");
+  if (Status s = check_rotation(p.head_dim, p.rotary_dim, p.style); !s) return s;
+  if (Status s = check_row_counts(p.batch, std::max(p.heads, p.query_heads), p.seq_len, p.cache_len); !s) return s;
   // One table source: per-token cos and sin, or a table cache (in T or fp32) with position ids.
   const bool per_token = p.cos.data != nullptr || p.sin.data != nullptr;
   const bool cached = p.cos_sin_cache != nullptr || p.cos_sin_cache_f32 != nullptr;

@@ -55,15 +55,16 @@ int64_t rotary_dim_of(const Params& p) {
   return effective_rotary_dim(p.rotary_dim, p.head_dim);
 }
 
-//! The row of the cache token t was written to, or -1 when its position is out of range.
-template <typename T, typename Pos>
-int64_t cache_row(const BackwardCommon<T, Pos>& p, int64_t t) {
+//! The row of the cache token t was (or is) written to, or -1 when its position is out of range (the
+//! wrap of docs/spec.md §1.6); either op's parameters.
+template <typename Params>
+int64_t cache_row(const Params& p, int64_t t) {
   return detail::wrap_row(static_cast<int64_t>(p.cache_position[t]), p.cache_len);
 }
 
 //! True when every position is in [-S_max, S_max) (else the kernel must raise the error flag).
-template <typename T, typename Pos>
-bool positions_in_range(const BackwardCommon<T, Pos>& p) {
+template <typename Params>
+bool positions_in_range(const Params& p) {
   for (int64_t t = 0; t < p.seq_len; ++t)
     if (cache_row(p, t) < 0) return false;
   return true;

@@ -15,20 +15,7 @@
 
 namespace kvrope::reference {
 
-//! The row of the cache token t is written to, or -1 when its cache_position is out of range (the wrap of
-//! docs/spec.md §1.6).
-template <typename T, typename Pos>
-int64_t cache_row(const ForwardParams<T, Pos>& p, int64_t t) {
-  return detail::wrap_row(static_cast<int64_t>(p.cache_position[t]), p.cache_len);
-}
-
-//! True when every cache_position is in [-S_max, S_max) (else the kernel must raise kErrorPositionOutOfRange).
-template <typename T, typename Pos>
-bool positions_in_range(const ForwardParams<T, Pos>& p) {
-  for (int64_t t = 0; t < p.seq_len; ++t)
-    if (cache_row(p, t) < 0) return false;
-  return true;
-}
+// (cache_row and positions_in_range: cpu_backward.hpp, for either op's parameters.)
 
 //! True when the rotary tables come from a table cache (cos_sin_cache or cos_sin_cache_f32), false for per-token
 //! tables.

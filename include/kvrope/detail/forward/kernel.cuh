@@ -20,15 +20,54 @@ inline constexpr int kForwardBlocksPerSm = 3;
 //! Heads whose loads a lane issues together, before their stores (a store may alias a later load).
 inline constexpr int kForwardBatch = 2;
 
-// A position as stored (int32 or int64), widened; `index` into a device array of them.
-__device__ __forceinline__ int64_t load_index(const void* array, bool is_int64, int64_t index) {
-  return is_int64 ? static_cast<const int64_t*>(array)[index] : int64_t{static_cast<const int32_t*>(array)[index]};
+// An index as loaded (int32: `lo`, `hi` zero): arithmetic on it where it is loaded would wait for the
+// load there, so its value is formed only where it is used.
+struct RawIndex {
+  uint32_t lo = 0, hi = 0;
+};
+__device__ __forceinline__ RawIndex load_raw_index(const void* array, bool is_int64, int64_t index) {
+  RawIndex r;
+  if (is_int64) {
+    const uint2 v = static_cast<const uint2*>(array)[index];
+    r.lo = v.x, r.hi = v.y;
+  } else {
+    r.lo = static_cast<const uint32_t*>(array)[index];
+  }
+  return r;
+}
+__device__ __forceinline__ int64_t index_value(const RawIndex& r, bool is_int64) {
+  return is_int64 ? static_cast<int64_t>((uint64_t{r.hi} << 32) | r.lo) : int64_t{static_cast<int32_t>(r.lo)};
 }
 
-// The cache row of token t, or -1 when its position is out of range.
+// Prefetches into L2 the rows item (b, t, part) will read that need no position: the lane's chunks of
+// its k, v and q rows and its per-token tables, so that its loads once the position is in find them.
+template <typename T, int N>
+__device__ __forceinline__ void forward_prefetch(const ForwardArgs<T>& a, int64_t b, int64_t t, int part, int lane) {
+  const int slot = a.units <= 32 ? lane / a.units : 0;
+  const int u = a.units <= 32 ? lane % a.units : lane;
+  if (slot >= a.slots || u >= a.units) return;
+  const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, a.rotary_units, u);
+  auto prefetch = [](const T* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory"); };
+  if (a.cos.data != nullptr && pl.rotated) {
+    prefetch(a.cos.row(b, t) + pl.lo);
+    prefetch(a.sin.row(b, t) + pl.lo);
+  }
+  const int parts = 1 << a.parts_log2;
+  for (int64_t j = slot + int64_t{a.slots} * part; j < a.heads + a.q_heads; j += int64_t{a.slots} * parts) {
+    const T* x = j < a.heads ? a.k.row(b, j, t) : a.q.row(b, j - a.heads, t);
+    prefetch(x + pl.lo);
+    prefetch(x + pl.hi);
+    if (j < a.heads) {
+      prefetch(a.v.row(b, j, t) + pl.lo);
+      prefetch(a.v.row(b, j, t) + pl.hi);
+    }
+  }
+}
+
+// The cache row a position names, or -1 when it is out of range.
 template <typename T>
-__device__ __forceinline__ int64_t forward_row(const ForwardArgs<T>& a, int64_t t) {
-  int64_t p = load_index(a.positions, a.positions_are_int64, t);
+__device__ __forceinline__ int64_t forward_row(const ForwardArgs<T>& a, const RawIndex& position) {
+  int64_t p = index_value(position, a.positions_are_int64);
   if (p < 0) p += a.cache_len;
   return p >= 0 && p < a.cache_len ? p : -1;
 }
@@ -80,7 +119,9 @@ __device__ __forceinline__ void store_unit(T* row, const UnitPlace& pl, const Ve
 template <typename T>
 __device__ __forceinline__ bool position_id_ok(const ForwardArgs<T>& a, int64_t b, int64_t t) {
   if (a.table_cache == nullptr) return true;
-  const int64_t id = load_index(a.position_ids, a.positions_are_int64, b * a.position_ids_batch_stride + t);
+  const int64_t id =
+      index_value(load_raw_index(a.position_ids, a.positions_are_int64, b * a.position_ids_batch_stride + t),
+                  a.positions_are_int64);
   return id >= 0 && id < a.max_position;
 }
 
@@ -95,53 +136,12 @@ __device__ __forceinline__ bool last_writer(const ForwardArgs<T>& a, const uint3
   if (((dup[h >> 5] >> (h & 31)) & 1u) == 0) return true;
   for (int64_t base = t + 1; base < a.seq_len; base += 32) {
     const int64_t u = base + lane;
-    if (__any_sync(0xffffffffu, u < a.seq_len && forward_row(a, u) == r && position_id_ok(a, b, u))) return false;
+    if (__any_sync(0xffffffffu, u < a.seq_len &&
+                                    forward_row(a, load_raw_index(a.positions, a.positions_are_int64, u)) == r &&
+                                    position_id_ok(a, b, u)))
+      return false;
   }
   return true;
-}
-
-// An index as loaded (int32: `lo`, `hi` zero): arithmetic on it where it is loaded would wait for the
-// load there, so its value is formed only where it is used.
-struct RawIndex {
-  uint32_t lo = 0, hi = 0;
-};
-__device__ __forceinline__ RawIndex load_raw_index(const void* array, bool is_int64, int64_t index) {
-  RawIndex r;
-  if (is_int64) {
-    const uint2 v = static_cast<const uint2*>(array)[index];
-    r.lo = v.x, r.hi = v.y;
-  } else {
-    r.lo = static_cast<const uint32_t*>(array)[index];
-  }
-  return r;
-}
-__device__ __forceinline__ int64_t index_value(const RawIndex& r, bool is_int64) {
-  return is_int64 ? static_cast<int64_t>((uint64_t{r.hi} << 32) | r.lo) : int64_t{static_cast<int32_t>(r.lo)};
-}
-
-// Prefetches into L2 the rows item (b, t, part) will read that need no position: the lane's chunks of
-// its k, v and q rows and its per-token tables, so that its loads once the position is in find them.
-template <typename T, int N>
-__device__ __forceinline__ void forward_prefetch(const ForwardArgs<T>& a, int64_t b, int64_t t, int part, int lane) {
-  const int slot = a.units <= 32 ? lane / a.units : 0;
-  const int u = a.units <= 32 ? lane % a.units : lane;
-  if (slot >= a.slots || u >= a.units) return;
-  const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, a.rotary_units, u);
-  auto prefetch = [](const T* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory"); };
-  if (a.cos.data != nullptr && pl.rotated) {
-    prefetch(a.cos.row(b, t) + pl.lo);
-    prefetch(a.sin.row(b, t) + pl.lo);
-  }
-  const int parts = 1 << a.parts_log2;
-  for (int64_t j = slot + int64_t{a.slots} * part; j < a.heads + a.q_heads; j += int64_t{a.slots} * parts) {
-    const T* x = j < a.heads ? a.k.row(b, j, t) : a.q.row(b, j - a.heads, t);
-    prefetch(x + pl.lo);
-    prefetch(x + pl.hi);
-    if (j < a.heads) {
-      prefetch(a.v.row(b, j, t) + pl.lo);
-      prefetch(a.v.row(b, j, t) + pl.hi);
-    }
-  }
 }
 
 // One batch of a lane's heads (k or q, and v chunks), loaded.
@@ -149,7 +149,6 @@ template <typename T, int N>
 struct HeadBatch {
   Vec<T, N> x_lo[kForwardBatch], x_hi[kForwardBatch], v_lo[kForwardBatch], v_hi[kForwardBatch];
 
-  template <int kUnused = 0>
   __device__ __forceinline__ void load(const ForwardArgs<T>& a, int64_t b, int64_t t, const UnitPlace& pl, int slot,
                                        int64_t p0) {
     const int parts = 1 << a.parts_log2;
@@ -225,9 +224,7 @@ __device__ __forceinline__ void forward_item(const ForwardArgs<T>& a, const uint
     }
     first.load(a, b, t, pl, slot, part);
   }
-  int64_t r = index_value(position, a.positions_are_int64);
-  if (r < 0) r += a.cache_len;
-  if (r >= a.cache_len) r = -1;
+  const int64_t r = forward_row(a, position);
   int64_t table_row = 0;
   bool tables_ok = true;
   if constexpr (kSource != TableSource::kPerToken) {
@@ -302,9 +299,8 @@ __global__ void __launch_bounds__(kForwardBlockThreads, kForwardBlocksPerSm) for
       }
 #pragma unroll
       for (int k = 0; k < kLoads; ++k) {
-        int64_t r = index_value(raw[k], a.positions_are_int64);
-        if (r < 0) r += a.cache_len;
-        if (t0 + k * int64_t{blockDim.x} >= a.seq_len || r < 0 || r >= a.cache_len) continue;
+        const int64_t r = forward_row(a, raw[k]);
+        if (t0 + k * int64_t{blockDim.x} >= a.seq_len || r < 0) continue;
         const uint64_t h = static_cast<uint64_t>(r) & hash;
         const uint32_t bit = 1u << (h & 31);
         if (atomicOr(&seen[h >> 5], bit) & bit) atomicOr(&dup[h >> 5], bit);
