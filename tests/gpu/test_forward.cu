@@ -4,6 +4,8 @@
 #include <kvrope/reference/cpu_forward.hpp>
 #include <kvrope/reference/naive_forward.cuh>
 
+#include <cstdlib>
+
 #include "support/gpu_problem.cuh"
 
 using namespace kvrope;
@@ -193,9 +195,9 @@ TEMPLATE_TEST_CASE("forward matches the float64 reference: styles, partial rotar
           c.rotary_dim = r;
           c.tables = tables;
           c.seed = seed++;
-          const Positions patterns[] = {Positions::kArange, Positions::kDuplicates, Positions::kNegative,
-                                        Positions::kOutOfRange, Positions::kPermutation};
-          c.positions = patterns[c.seed % 5];
+          const Positions patterns[] = {Positions::kArange,     Positions::kDuplicates,  Positions::kNegative,
+                                        Positions::kOutOfRange, Positions::kPermutation, Positions::kWrap};
+          c.positions = patterns[c.seed % 6];
           c.layout = c.seed % 2 ? Layout::kBSHD : Layout::kBHSD;
           c.query_heads = c.seed % 3 == 0 ? 0 : 2 * shape.heads;
           c.query_out = c.seed % 4 == 1;
@@ -221,6 +223,8 @@ TEST_CASE("forward on leaderboard shapes and decode steps (bf16, H = 8, D = 128,
       run_forward<__nv_bfloat16, int64_t>(c);
       c.rotary_dim = 64;
       c.positions = Positions::kDuplicates;
+      run_forward<__nv_bfloat16, int64_t>(c);
+      c.positions = Positions::kWrap;
       run_forward<__nv_bfloat16, int64_t>(c);
     }
 }
@@ -267,4 +271,50 @@ TEST_CASE("forward: aligned rows take 16-byte accesses, misaligned ones the scal
   p.rotary_dim = 8;  // R / 2 = 4 elements: not a whole 16-byte vector
   REQUIRE((Launchers<__nv_bfloat16, int64_t>::plan(p, &plan).ok()));
   CHECK(plan.vec_width == 1);
+}
+
+// Random configurations, as the backward's random test draws them: KVROPE_RANDOM_CONFIGS of them
+// (default 300), seeded by KVROPE_RANDOM_SEED (default 20261201); a failure prints its configuration.
+TEST_CASE("forward: random configurations match the float64 reference", "[gpu][forward][random]") {
+  const char* n = std::getenv("KVROPE_RANDOM_CONFIGS");
+  const char* sd = std::getenv("KVROPE_RANDOM_SEED");
+  const int64_t configs = n && *n ? std::strtoll(n, nullptr, 10) : 300;
+  const uint64_t seed = sd && *sd ? std::strtoull(sd, nullptr, 10) : 20261201;
+  std::mt19937_64 rng(seed);
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const int64_t compiled[] = {64, 80, 96, 128, 256};
+  const Positions patterns[] = {Positions::kArange,   Positions::kPermutation, Positions::kSparse,
+                                Positions::kNegative, Positions::kDuplicates,  Positions::kOutOfRange,
+                                Positions::kWrap};
+  for (int64_t i = 0; i < configs; ++i) {
+    ForwardConfig c;
+    const int64_t D = uniform(0, 2) < 2 ? compiled[uniform(0, 4)] : 2 * uniform(1, 160);
+    const int64_t S = uniform(0, 4) == 0 ? 1 : uniform(1, uniform(0, 3) == 0 ? 1500 : 200);
+    c.shape = {uniform(1, 4), uniform(1, 16), S, S + uniform(0, 64), D};
+    const int64_t r = uniform(0, 2);
+    c.rotary_dim = r == 0 ? 0 : r == 1 ? D / 2 - (D / 2) % 2 : 2 * uniform(1, D / 2);
+    c.style = uniform(0, 1) ? RotaryStyle::kInterleaved : RotaryStyle::kRotateHalf;
+    c.tables = static_cast<Tables>(uniform(0, 3));
+    c.layout = uniform(0, 1) ? Layout::kBSHD : Layout::kBHSD;
+    c.positions = patterns[uniform(0, 6)];
+    c.query_heads = uniform(0, 2) == 0 ? 0 : uniform(1, 16);
+    c.query_out = uniform(0, 1) == 1;
+    c.key_out = uniform(0, 3) != 0;
+    c.shared_ids = uniform(0, 1) == 1;
+    c.pad_row = uniform(0, 4) == 0 ? 8 : 0;
+    c.offset = uniform(0, 4) == 0 ? 1 : 0;
+    c.seed = seed * 1000003u + static_cast<uint64_t>(i);
+    INFO("run seed " << seed << ", configuration " << i << " of " << configs);
+    const int dtype = static_cast<int>(uniform(0, 2));
+    const bool pos64 = uniform(0, 1) == 1;
+    if (c.rotary_dim == 0 && r == 1) c.rotary_dim = 2;
+    switch (dtype * 2 + pos64) {
+      case 0: run_forward<__nv_bfloat16, int32_t>(c); break;
+      case 1: run_forward<__nv_bfloat16, int64_t>(c); break;
+      case 2: run_forward<__half, int32_t>(c); break;
+      case 3: run_forward<__half, int64_t>(c); break;
+      case 4: run_forward<float, int32_t>(c); break;
+      default: run_forward<float, int64_t>(c); break;
+    }
+  }
 }

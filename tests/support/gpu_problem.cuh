@@ -104,12 +104,12 @@ void poison(DeviceBuffer<T>& buf) {
 }
 
 enum class Layout { kBHSD, kBSHD };
-enum class Positions { kArange, kPermutation, kSparse, kNegative, kDuplicates, kOutOfRange };
+enum class Positions { kArange, kPermutation, kSparse, kNegative, kDuplicates, kOutOfRange, kWrap };
 enum class Variant { kOutOfPlace, kInPlace, kNaive, kOutOfPlaceNoTables, kInPlaceNoTables };
 
 inline const char* name(Layout l) { return l == Layout::kBHSD ? "BHSD" : "BSHD"; }
 inline const char* name(Positions p) {
-  const char* names[] = {"arange", "permutation", "sparse", "negative", "duplicates", "out_of_range"};
+  const char* names[] = {"arange", "permutation", "sparse", "negative", "duplicates", "out_of_range", "wrap"};
   return names[static_cast<int>(p)];
 }
 inline const char* name(Variant v) {
@@ -179,6 +179,9 @@ std::vector<Pos> make_positions(Positions pattern, int64_t S, int64_t L, std::mt
       std::iota(p.begin(), p.end(), 0);
       if (S > 0) p[S / 2] = L;
       if (S > 2) p[S / 3] = -L - 1;
+      break;
+    case Positions::kWrap:  // one run of rows that wraps past the cache's end, odd tokens as negatives
+      for (int64_t t = 0; t < S; ++t) p[t] = (L - S / 2 + t) % L - (t % 2 ? L : 0);
       break;
   }
   return std::vector<Pos>(p.begin(), p.end());

@@ -29,12 +29,13 @@ struct ForwardArgs {
   const void* positions;  // cache_position
   bool positions_are_int64;
   int* error_flag;
-  int units;           // units a row: D / (2 N), N the elements of a chunk
-  int rotary_units;    // units of the rotated part: R / (2 N)
-  int slots;           // heads a warp covers at once: 32 / units, at least 1
-  int parts_log2;      // a token's heads are split over 2^parts_log2 warps
-  int64_t mask_words;  // 32-bit words of each repeat bitmask (0: no repeat check)
-  FastDivmod div_seq;  // token index -> (b, t)
+  int units;             // units a row: D / (2 N), N the elements of a chunk
+  int rotary_units;      // units of the rotated part: R / (2 N)
+  int64_t items;         // B S (H + Hq) units: a thread's work is one item at a time
+  int64_t mask_words;    // 32-bit words of each repeat bitmask (0: no repeat check)
+  FastDivmod div_units;  // item -> (rest, unit)
+  FastDivmod div_heads;  // rest -> (token, head)
+  FastDivmod div_seq;    // token -> (b, t)
 };
 
 //! Where unit u of a row lies: chunks of N elements at `lo` and `hi`; `rotated` unless it is in the
@@ -43,21 +44,22 @@ struct ForwardArgs {
 //! warp's access to a row is contiguous in every style. `pair_lo` / `pair_hi`: the table-cache column of
 //! each chunk's first element.
 struct UnitPlace {
-  int64_t lo, hi, pair_lo, pair_hi;
+  int lo, hi, pair_lo, pair_hi;  // (validate: D < 2^31)
   bool rotated, cross;
 };
 
 template <int N>
 __host__ __device__ __forceinline__ UnitPlace unit_place(RotaryStyle style, int64_t rotary_dim, int64_t head_dim,
                                                          int rotary_units, int u) {
+  const int r = static_cast<int>(rotary_dim), d = static_cast<int>(head_dim);
   if (u >= rotary_units) {
-    const int64_t at = rotary_dim + int64_t{u - rotary_units} * N;
-    return {at, at + (head_dim - rotary_dim) / 2, 0, 0, false, false};
+    const int at = r + (u - rotary_units) * N;
+    return {at, at + (d - r) / 2, 0, 0, false, false};
   }
   if (style == RotaryStyle::kInterleaved && N == 1) return {2 * u, 2 * u + 1, u, u, true, true};
-  const int64_t at = int64_t{u} * N;
-  if (style == RotaryStyle::kRotateHalf) return {at, at + rotary_dim / 2, at, at, true, true};
-  return {at, at + rotary_dim / 2, at / 2, (at + rotary_dim / 2) / 2, true, false};
+  const int at = u * N;
+  if (style == RotaryStyle::kRotateHalf) return {at, at + r / 2, at, at, true, true};
+  return {at, at + r / 2, at / 2, (at + r / 2) / 2, true, false};
 }
 
 }  // namespace kvrope::detail

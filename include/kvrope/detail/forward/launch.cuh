@@ -22,7 +22,6 @@ struct ForwardPlan {
   int grid = 0;           //!< blocks (one wave at most)
   int block = 0;          //!< threads per block
   int shared_bytes = 0;   //!< dynamic shared memory per block (the repeat bitmasks)
-  int warps_per_token = 0;
 };
 
 namespace detail {
@@ -77,26 +76,18 @@ template <typename T>
 void plan_forward_launch(ForwardArgs<T>& a, int n, int sms, int resident, ForwardPlan& plan) {
   a.units = static_cast<int>(a.head_dim / (2 * n));
   a.rotary_units = static_cast<int>(a.rotary_dim / (2 * n));
-  a.slots = a.units <= 32 ? 32 / a.units : 1;
-  const int64_t tokens = a.batch * a.seq_len;
-  const int64_t passes = (a.heads + a.q_heads + a.slots - 1) / a.slots;
-  const int64_t warps_wanted = int64_t{sms} * kForwardBlocksPerSm * (kForwardBlockThreads / 32);
-  int parts_log2 = 0;  // few tokens: their heads over several warps
-  while (parts_log2 < 3 && (int64_t{2} << parts_log2) <= passes && (tokens << (parts_log2 + 1)) <= warps_wanted)
-    ++parts_log2;
-  a.parts_log2 = parts_log2;
+  a.items = a.batch * a.seq_len * (a.heads + a.q_heads) * a.units;
+  a.div_units = FastDivmod(static_cast<uint32_t>(a.units));
+  a.div_heads = FastDivmod(static_cast<uint32_t>(a.heads + a.q_heads));
   int64_t rows = 32;  // the repeat bitmask: a power of two of rows, one token a batch needs none
   while (rows < std::min(a.cache_len, kForwardMaskRows)) rows *= 2;
   a.mask_words = a.seq_len > 1 && a.cache_len > 0 ? rows / 32 : 0;
-  const int64_t items = tokens << parts_log2;
-  const int64_t warps = kForwardBlockThreads / 32;
   const int64_t grid_max = int64_t{sms} * std::clamp(resident, 1, kForwardBlocksPerSm);
   plan.launched = true;
   plan.vec_width = n;
   plan.block = kForwardBlockThreads;
-  plan.grid = static_cast<int>(std::clamp<int64_t>((items + warps - 1) / warps, 1, grid_max));
+  plan.grid = static_cast<int>(std::clamp<int64_t>((a.items + plan.block - 1) / plan.block, 1, grid_max));
   plan.shared_bytes = static_cast<int>(2 * a.mask_words * 4);
-  plan.warps_per_token = 1 << parts_log2;
 }
 
 template <typename T>
