@@ -13,12 +13,13 @@
 
 namespace kvrope::detail {
 
-//! The forward kernel's block.
-inline constexpr int kForwardBlockThreads = 256;
-//! Blocks a SM the launch bounds ask for: 16 warps of up to 128 registers (at 80, fp16 and fp32 spilled).
-inline constexpr int kForwardBlocksPerSm = 2;
-//! Positions a thread loads at once while checking them (one round trip for S <= 2048 at 256 threads).
-inline constexpr int kForwardPositionLoads = 8;
+//! The forward kernel's block: small, so that a small call spreads over many SMs.
+inline constexpr int kForwardBlockThreads = 128;
+//! Blocks a SM the launch bounds ask for: 16 warps of up to 128 registers (24 warps of 80 spilled and
+//! lost 5-35 % a case, f5).
+inline constexpr int kForwardBlocksPerSm = 4;
+//! Positions a thread loads at once while checking them (one round trip for S <= 2048).
+inline constexpr int kForwardPositionLoads = 16;
 
 // An index as loaded (int32: `lo`, `hi` zero): arithmetic on it where it is loaded would wait for the
 // load there, so its value is formed only where it is used.
@@ -126,13 +127,20 @@ struct ForwardUnit {
   // Issues every load that needs no position: the rows, the position (and position id), the
   // per-token tables.
   __device__ __forceinline__ void load(const ForwardArgs<T>& a, int64_t item) {
-    uint64_t unit = 0, rest = 0;
-    const uint64_t token = a.div_heads.divmod(a.div_units.divmod(static_cast<uint64_t>(item), unit), rest);
-    u = static_cast<int>(unit);
-    j = static_cast<uint32_t>(rest);
-    uint64_t tt = 0;
-    b = static_cast<uint32_t>(a.div_seq.divmod(token, tt));
-    t = static_cast<uint32_t>(tt);
+    uint32_t token = 0;
+    if (a.items <= 0xFFFFFFFF) {  // multiply-high divisions only (a division's 64-bit path costs 0.1 us)
+      const uint32_t i = static_cast<uint32_t>(item), rest = a.div_units.div32(i);
+      u = static_cast<int>(i - rest * a.div_units.divisor);
+      token = a.div_heads.div32(rest);
+      j = rest - token * a.div_heads.divisor;
+    } else {
+      uint64_t unit = 0, head = 0;
+      token = static_cast<uint32_t>(a.div_heads.divmod(a.div_units.divmod(static_cast<uint64_t>(item), unit), head));
+      u = static_cast<int>(unit);
+      j = static_cast<uint32_t>(head);
+    }
+    b = a.div_seq.div32(token);  // (validate: B S below 2^32)
+    t = token - b * a.div_seq.divisor;
     position = load_raw_index(a.positions, a.positions_are_int64, t);
     if constexpr (kSource != TableSource::kPerToken)
       id = load_raw_index(a.position_ids, a.positions_are_int64, int64_t{b} * a.position_ids_batch_stride + t);
@@ -191,17 +199,17 @@ struct ForwardUnit {
   // key_out, v into row r, q into query_out. `may_repeat`: the block's bitmask is in `dup`. The
   // token's first unit reports its errors.
   __device__ __forceinline__ void store(const ForwardArgs<T>& a, const uint32_t* dup, bool may_repeat) const {
-    const bool reports = j == 0 && u == 0;
+    const bool reports = j == 0 && u == 0 && a.error_flag != nullptr;
     const int64_t r = forward_row(a, position);
+    if (reports && r < 0) atomicOr(a.error_flag, kErrorPositionOutOfRange);
     int64_t table_row = 0;
     if constexpr (kSource != TableSource::kPerToken) {
       table_row = index_value(id, a.positions_are_int64);
       if (table_row < 0 || table_row >= a.max_position) {  // its rotation is undefined: nothing written
-        if (reports && a.error_flag != nullptr) atomicOr(a.error_flag, kErrorPositionIdOutOfRange);
+        if (reports) atomicOr(a.error_flag, kErrorPositionIdOutOfRange);
         return;
       }
     }
-    if (reports && r < 0 && a.error_flag != nullptr) atomicOr(a.error_flag, kErrorPositionOutOfRange);
     Vec<T, N> out_lo = x_lo, out_hi = x_hi;  // not rotated: as loaded (bit-exact)
     if (pl.rotated) {                        // rotated: rounded once
       RopeChunk<N> x, c, s;
