@@ -13,13 +13,17 @@
 
 namespace kvrope::detail {
 
-//! The forward kernel's block: small, so that a small call spreads over many SMs.
-inline constexpr int kForwardBlockThreads = 128;
-//! Blocks a SM the launch bounds ask for: 16 warps of up to 128 registers (24 warps of 80 spilled and
-//! lost 5-35 % a case, f5).
-inline constexpr int kForwardBlocksPerSm = 4;
+//! The forward kernel's block with S > 1: 256 threads, so that half as many blocks load the positions
+//! for the run check as with 128 (S > 1 calls were up to 12 % faster, f5).
+inline constexpr int kForwardBlockThreads = 256;
+//! The block with S = 1 (no run check): 128 threads, so that a decode step spreads over twice the SMs
+//! (1-11 % faster than 256, f5).
+inline constexpr int kForwardDecodeBlockThreads = 128;
+//! Blocks of 256 a SM the launch bounds ask for: 16 warps of up to 128 registers (24 warps of 80
+//! spilled and lost 5-59 % a case, f4).
+inline constexpr int kForwardBlocksPerSm = 2;
 //! Positions a thread loads at once while checking them (one round trip for S <= 2048).
-inline constexpr int kForwardPositionLoads = 16;
+inline constexpr int kForwardPositionLoads = 8;
 
 // An index as loaded (int32: `lo`, `hi` zero): arithmetic on it where it is loaded would wait for the
 // load there, so its value is formed only where it is used.

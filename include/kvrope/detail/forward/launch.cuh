@@ -71,7 +71,13 @@ bool forward_vectorizable(const ForwardArgs<T>& a) {
          aligned16(a.cos) && aligned16(a.sin);
 }
 
-//! Fills the plan part of `a` for chunks of `n` elements, `sms` SMs and `resident` blocks a SM.
+//! Threads a block: fewer for a decode step, which has no run check (kernel.cuh).
+inline int forward_block_threads(int64_t seq_len) {
+  return seq_len > 1 ? kForwardBlockThreads : kForwardDecodeBlockThreads;
+}
+
+//! Fills the plan part of `a` for chunks of `n` elements, `sms` SMs and `resident` blocks a SM (of
+//! forward_block_threads(S) threads).
 template <typename T>
 void plan_forward_launch(ForwardArgs<T>& a, int n, int sms, int resident, ForwardPlan& plan) {
   a.units = static_cast<int>(a.head_dim / (2 * n));
@@ -82,10 +88,10 @@ void plan_forward_launch(ForwardArgs<T>& a, int n, int sms, int resident, Forwar
   int64_t rows = 32;  // the repeat bitmask: a power of two of rows, one token a batch needs none
   while (rows < std::min(a.cache_len, kForwardMaskRows)) rows *= 2;
   a.mask_words = a.seq_len > 1 && a.cache_len > 0 ? rows / 32 : 0;
-  const int64_t grid_max = int64_t{sms} * std::clamp(resident, 1, kForwardBlocksPerSm);
+  const int64_t grid_max = int64_t{sms} * std::max(resident, 1);
   plan.launched = true;
   plan.vec_width = n;
-  plan.block = kForwardBlockThreads;
+  plan.block = forward_block_threads(a.seq_len);
   plan.grid = static_cast<int>(std::clamp<int64_t>((a.items + plan.block - 1) / plan.block, 1, grid_max));
   plan.shared_bytes = static_cast<int>(2 * a.mask_words * 4);
 }
@@ -113,7 +119,8 @@ Status launch_forward(ForwardArgs<T> a, cudaStream_t stream, ForwardPlan* plan_o
   if (Status s = device_attribute(cudaDevAttrMultiProcessorCount, device, &sms); !s) return s;
   // (The bitmasks take at most 16 KiB, within the default 48 KiB a block.)
   const int mask_bytes = 2 * static_cast<int>(kForwardMaskRows / 8);
-  if (Status s = resident_blocks(kernel, device, kForwardBlockThreads, mask_bytes, 0, &resident); !s) return s;
+  if (Status s = resident_blocks(kernel, device, forward_block_threads(a.seq_len), mask_bytes, 0, &resident); !s)
+    return s;
   plan_forward_launch(a, vec ? kWide : 1, sms, resident, plan);
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
