@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""kvrope's torch ops against PyTorch on the 16 leaderboard shapes (bench/sol_execbench_062_cases.csv;
+H = 8, D = 128, bf16, cache_position = arange(S), tables [B, S, D]): the eager reference, torch.compile
+of it and the kvrope ops, for the backward (out of place and in place) and the forward (in place,
+RoPE(k) returned). Each call runs after an L2 flush (a write of twice the L2) and a synchronize; it is
+timed by CUDA events (launch included) and by its GPU kernel span from CUPTI through torch.profiler
+(first kernel start to last kernel end, the flush's kernels left out). Medians of --iters calls.
+
+    python3 bench/torch_compare.py [--iters 30] [--cases 1,2,...] [--json out.json]
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+
+import torch
+
+import kvrope_torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rotate_half_adjoint(g):
+    h = g.shape[-1] // 2
+    return torch.cat((g[..., h:], -g[..., :h]), dim=-1)
+
+
+# --- the reference steps, as PyTorch eager runs them ------------------------------------------------
+
+def eager_backward(gk_cache, gv_cache, k, cos, sin, pos):
+    g, gv = gk_cache[:, :, pos], gv_cache[:, :, pos]
+    c, s = cos[:, None], sin[:, None]
+    gk = g * c + rotate_half_adjoint(g * s)
+    gcos, gsin = (g * k).sum(1), (g * rotate_half(k)).sum(1)
+    gkc, gvc = gk_cache.index_fill(2, pos, 0), gv_cache.index_fill(2, pos, 0)
+    return gk, gv, gcos, gsin, gkc, gvc
+
+
+def eager_backward_(gk_cache, gv_cache, k, cos, sin, pos):
+    g, gv = gk_cache[:, :, pos], gv_cache[:, :, pos]
+    c, s = cos[:, None], sin[:, None]
+    gk = g * c + rotate_half_adjoint(g * s)
+    gcos, gsin = (g * k).sum(1), (g * rotate_half(k)).sum(1)
+    gk_cache.index_fill_(2, pos, 0)
+    gv_cache.index_fill_(2, pos, 0)
+    return gk, gv, gcos, gsin
+
+
+def eager_forward_(k, v, k_cache, v_cache, cos, sin, pos):  # apply_rotary_pos_emb, then StaticCache.update
+    k_rot = k * cos[:, None] + rotate_half(k) * sin[:, None]
+    k_cache.index_copy_(2, pos, k_rot)
+    v_cache.index_copy_(2, pos, v)
+    return k_rot
+
+
+# --- the clock ---------------------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        self.flush_buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+        self.flush_kernels = self._kernel_names(lambda: self.flush())
+
+    def flush(self):
+        self.flush_buf.fill_(7)
+
+    @staticmethod
+    def _kernel_names(fn):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+    def time(self, prepare, call, iters):
+        """(CUDA-event median us, CUPTI kernel-span median us) of call() after prepare() and the flush."""
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(3):  # warm-up (compilation, autotuning, allocator)
+            prepare()
+            call()
+        torch.cuda.synchronize()
+        event_us = []
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                prepare()
+                self.flush()
+                torch.cuda.synchronize()
+                start.record()
+                call()
+                stop.record()
+                torch.cuda.synchronize()
+                event_us.append(1e3 * start.elapsed_time(stop))
+        kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                         if e.device_type == torch.autograd.DeviceType.CUDA)
+        spans, current = [], None
+        for s, e, name in kernels:  # the flush's kernels separate the calls; prepare()'s come before them
+            if name in self.flush_kernels:
+                if current is not None:
+                    spans.append(current[1] - current[0])
+                current = None
+                continue
+            if current is None:
+                current = [s, e]
+            else:
+                current[1] = max(current[1], e)
+        if current is not None:
+            spans.append(current[1] - current[0])
+        return statistics.median(event_us), statistics.median(spans) if spans else float("nan")
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--cases", default="")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    with open(os.path.join(HERE, "sol_execbench_062_cases.csv")) as f:
+        cases = [row for row in csv.DictReader(f)]
+    if args.cases:
+        keep = {int(c) for c in args.cases.split(",")}
+        cases = [c for c in cases if int(c["case"]) in keep]
+    clock = Clock()
+    dev = torch.cuda.get_device_name(0)
+    print(f"torch_compare: {dev}, torch {torch.__version__} (CUDA {torch.version.cuda}), bf16, "
+          f"median of {args.iters} calls, L2 flushed before each; times in us (event / CUPTI kernel span)")
+    compiled_bwd = torch.compile(eager_backward)
+    compiled_bwd_ = torch.compile(eager_backward_)
+    compiled_fwd_ = torch.compile(eager_forward_)
+    results = []
+    for c in cases:
+        n, b, s, s_max = int(c["case"]), int(c["batch_size"]), int(c["new_seq_len"]), int(c["max_seq_len"])
+        h, d = int(c["num_kv_heads"]), int(c["head_dim"])
+        torch.manual_seed(n)
+        bf = dict(device="cuda", dtype=torch.bfloat16)
+        gk, gv = torch.randn(b, h, s_max, d, **bf), torch.randn(b, h, s_max, d, **bf)
+        k, v = torch.randn(b, h, s, d, **bf), torch.randn(b, h, s, d, **bf)
+        ang = torch.rand(b, s, d, device="cuda") * 6
+        cos, sin = ang.cos().bfloat16(), ang.sin().bfloat16()
+        pos = torch.arange(s, device="cuda")
+        kc, vc = torch.randn(b, h, s_max, d, **bf), torch.randn(b, h, s_max, d, **bf)
+        work = {}
+
+        def fresh():  # in-place calls get their own copies, made before the flush
+            work["gk"], work["gv"] = gk.clone(), gv.clone()
+
+        def fresh_caches():
+            work["kc"], work["vc"] = kc.clone(), vc.clone()
+
+        ko = torch.empty_like(k)
+        nothing = lambda: None  # noqa: E731
+        r = {"case": n, "B": b, "S": s, "S_max": s_max}
+        r["bwd_eager"] = clock.time(nothing, lambda: eager_backward(gk, gv, k, cos, sin, pos), args.iters)
+        r["bwd_compile"] = clock.time(nothing, lambda: compiled_bwd(gk, gv, k, cos, sin, pos), args.iters)
+        r["bwd_kvrope"] = clock.time(nothing, lambda: kvrope_torch.backward(gk, gv, k, cos, sin, pos), args.iters)
+        r["bwd_inplace_compile"] = clock.time(
+            fresh, lambda: compiled_bwd_(work["gk"], work["gv"], k, cos, sin, pos), args.iters)
+        r["bwd_inplace_kvrope"] = clock.time(
+            fresh, lambda: kvrope_torch.backward_(work["gk"], work["gv"], k, cos, sin, pos), args.iters)
+        r["fwd_eager"] = clock.time(
+            fresh_caches, lambda: eager_forward_(k, v, work["kc"], work["vc"], cos, sin, pos), args.iters)
+        r["fwd_compile"] = clock.time(
+            fresh_caches, lambda: compiled_fwd_(k, v, work["kc"], work["vc"], cos, sin, pos), args.iters)
+        r["fwd_kvrope"] = clock.time(
+            fresh_caches, lambda: kvrope_torch.forward_(k, v, work["kc"], work["vc"], pos, cos, sin, key_out=ko),
+            args.iters)
+        results.append(r)
+        print(f"case {n:2d} B {b:3d} S {s:5d} S_max {s_max:5d} | " + "  ".join(
+            f"{key} {r[key][0]:.1f}/{r[key][1]:.1f}" for key in r if key.startswith(("bwd", "fwd"))), flush=True)
+    keys = [k for k in results[0] if k.startswith(("bwd", "fwd"))]
+    print("\ngeometric means over %d cases (us): CUDA-event clock / CUPTI kernel span" % len(results))
+    g = {}
+    for key in keys:
+        g[key] = (geomean([r[key][0] for r in results]), geomean([r[key][1] for r in results]))
+        print(f"{key} geomean us = {g[key][0]:.2f} / {g[key][1]:.2f}")
+    print("speedups, CUDA-event clock:")
+    print(f"backward out of place: kvrope vs eager {g['bwd_eager'][0] / g['bwd_kvrope'][0]:.2f} x, "
+          f"vs torch.compile {g['bwd_compile'][0] / g['bwd_kvrope'][0]:.2f} x")
+    print(f"backward in place: kvrope vs torch.compile {g['bwd_inplace_compile'][0] / g['bwd_inplace_kvrope'][0]:.2f} x")
+    print(f"forward in place: kvrope vs eager {g['fwd_eager'][0] / g['fwd_kvrope'][0]:.2f} x, "
+          f"vs torch.compile {g['fwd_compile'][0] / g['fwd_kvrope'][0]:.2f} x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": dev, "torch": torch.__version__, "iters": args.iters, "cases": results,
+                       "geomeans": g}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

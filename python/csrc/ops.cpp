@@ -1,0 +1,147 @@
+// The kvrope ops' schemas (namespace kvrope) and their CUDA implementations. The CPU implementations,
+// the fake (meta) ones and autograd are registered in Python (kvrope_torch/_ops.py). Tensors arrive
+// checked by the Python API; kvrope's validate() checks them again before any launch.
+#include <Python.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+namespace kvrope_torch {
+namespace {
+
+template <typename Tensors>
+void dispatch_dtype(const at::Tensor& x, const Tensors& t, void (*bf16)(const Tensors&), void (*fp16)(const Tensors&),
+                    void (*fp32)(const Tensors&)) {
+  switch (x.scalar_type()) {
+    case at::kBFloat16: return bf16(t);
+    case at::kHalf: return fp16(t);
+    case at::kFloat: return fp32(t);
+    default: TORCH_CHECK(false, "kvrope: CUDA tensors must be bfloat16, float16 or float32, not ", x.scalar_type());
+  }
+}
+
+void run_forward(const ForwardTensors& t) {
+  dispatch_dtype(t.key_states, t, &forward_cuda<DType::kBf16>, &forward_cuda<DType::kFp16>,
+                 &forward_cuda<DType::kFp32>);
+}
+void run_backward(const BackwardTensors& t) {
+  dispatch_dtype(t.grad_key_cache, t, &backward_cuda<DType::kBf16>, &backward_cuda<DType::kFp16>,
+                 &backward_cuda<DType::kFp32>);
+}
+
+void forward_inplace_cuda(const at::Tensor& key_states, const at::Tensor& value_states, const at::Tensor& key_cache,
+                          const at::Tensor& value_cache, const at::Tensor& cache_position,
+                          const c10::optional<at::Tensor>& cos, const c10::optional<at::Tensor>& sin,
+                          const c10::optional<at::Tensor>& cos_sin_cache, const c10::optional<at::Tensor>& position_ids,
+                          const c10::optional<at::Tensor>& query, const c10::optional<at::Tensor>& query_out,
+                          const c10::optional<at::Tensor>& key_out, const c10::optional<at::Tensor>& error_flag,
+                          int64_t rotary_dim, int64_t style) {
+  run_forward({key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache, position_ids,
+               query, query_out, key_out, error_flag, rotary_dim, style});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cuda_functional(
+    const at::Tensor& key_states, const at::Tensor& value_states, const at::Tensor& key_cache,
+    const at::Tensor& value_cache, const at::Tensor& cache_position, const at::Tensor& cos, const at::Tensor& sin,
+    int64_t rotary_dim, int64_t style) {
+  at::Tensor kc = key_cache.clone(), vc = value_cache.clone(), ko = at::empty_like(key_states);
+  run_forward({key_states, value_states, kc, vc, cache_position, cos, sin, {}, {}, {}, {}, ko, {}, rotary_dim, style});
+  return {kc, vc, ko};
+}
+
+// The table gradients' shape: that of the tables ([B, S, R], or [1, S, R] when shared: summed over B).
+std::pair<at::Tensor, at::Tensor> table_grads(const at::Tensor& cos, bool wanted) {
+  if (!wanted) return {cos.new_empty({0}), cos.new_empty({0})};
+  return {at::empty(cos.sizes(), cos.options()), at::empty(cos.sizes(), cos.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda_functional(
+    const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache, const c10::optional<at::Tensor>& key_states,
+    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& cache_position, int64_t rotary_dim, int64_t style,
+    bool table_grads_wanted) {
+  const auto B = grad_key_cache.size(0), H = grad_key_cache.size(1), D = grad_key_cache.size(3);
+  at::Tensor gk = at::empty({B, H, cache_position.size(0), D}, grad_key_cache.options()), gv = at::empty_like(gk);
+  at::Tensor gkc = at::empty_like(grad_key_cache), gvc = at::empty_like(grad_value_cache);
+  auto [gc, gs] = table_grads(cos, table_grads_wanted);
+  run_backward({grad_key_cache,
+                grad_value_cache,
+                cache_position,
+                cos,
+                sin,
+                gk,
+                gv,
+                key_states,
+                table_grads_wanted ? c10::optional<at::Tensor>(gc) : c10::nullopt,
+                table_grads_wanted ? c10::optional<at::Tensor>(gs) : c10::nullopt,
+                gkc,
+                gvc,
+                {},
+                rotary_dim,
+                style});
+  return {gk, gv, gc, gs, gkc, gvc};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda_inplace(
+    const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache, const c10::optional<at::Tensor>& key_states,
+    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& cache_position, int64_t rotary_dim, int64_t style,
+    bool table_grads_wanted) {
+  const auto B = grad_key_cache.size(0), H = grad_key_cache.size(1), D = grad_key_cache.size(3);
+  at::Tensor gk = at::empty({B, H, cache_position.size(0), D}, grad_key_cache.options()), gv = at::empty_like(gk);
+  auto [gc, gs] = table_grads(cos, table_grads_wanted);
+  run_backward({grad_key_cache,
+                grad_value_cache,
+                cache_position,
+                cos,
+                sin,
+                gk,
+                gv,
+                key_states,
+                table_grads_wanted ? c10::optional<at::Tensor>(gc) : c10::nullopt,
+                table_grads_wanted ? c10::optional<at::Tensor>(gs) : c10::nullopt,
+                {},
+                {},
+                {},
+                rotary_dim,
+                style});
+  return {gk, gv, gc, gs};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(kvrope, m) {
+  // The functional forward (autograd): new caches and RoPE(k); per-token tables [B or 1, S, R].
+  m.def(
+      "forward(Tensor key_states, Tensor value_states, Tensor key_cache, Tensor value_cache, "
+      "Tensor cache_position, Tensor cos, Tensor sin, int rotary_dim=0, int style=0) -> (Tensor, Tensor, Tensor)");
+  // The inference forward: the caches, key_out, query (or query_out) and error_flag written in place.
+  m.def(
+      "forward_(Tensor key_states, Tensor value_states, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+      "Tensor cache_position, Tensor? cos, Tensor? sin, Tensor? cos_sin_cache, Tensor? position_ids, "
+      "Tensor(c!)? query, Tensor(d!)? query_out, Tensor(e!)? key_out, Tensor(f!)? error_flag, int rotary_dim=0, "
+      "int style=0) -> ()");
+  // The backward out of place: grad k, v, cos, sin (empty unless table_grads), and of the incoming caches.
+  m.def(
+      "backward(Tensor grad_key_cache, Tensor grad_value_cache, Tensor? key_states, Tensor cos, Tensor sin, "
+      "Tensor cache_position, int rotary_dim=0, int style=0, bool table_grads=True) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // The backward in place: the caches' gradients become the incoming caches' (rows cache_position zeroed).
+  m.def(
+      "backward_(Tensor(a!) grad_key_cache, Tensor(b!) grad_value_cache, Tensor? key_states, Tensor cos, "
+      "Tensor sin, Tensor cache_position, int rotary_dim=0, int style=0, bool table_grads=True) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(kvrope, CUDA, m) {
+  m.impl("forward", &forward_cuda_functional);
+  m.impl("forward_", &forward_inplace_cuda);
+  m.impl("backward", &backward_cuda_functional);
+  m.impl("backward_", &backward_cuda_inplace);
+}
+
+}  // namespace kvrope_torch
+
+// An importable module, so that `import kvrope_torch._C` loads the library and registers the ops.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module);
+}

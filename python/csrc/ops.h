@@ -1,0 +1,33 @@
+// The CUDA side of kvrope_torch: the tensors of each op, checked by the Python layer and by
+// kvrope's own validate(), and the per-dtype entry points (ops_cuda_*.cu).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Optional.h>
+
+namespace kvrope_torch {
+
+//! kvrope::forward_: k, v rotated / copied into the caches at cache_position (in place), RoPE(k) into
+//! key_out when given, q rotated into query_out (or in place when query_out is absent).
+struct ForwardTensors {
+  at::Tensor key_states, value_states, key_cache, value_cache, cache_position;
+  c10::optional<at::Tensor> cos, sin, cos_sin_cache, position_ids, query, query_out, key_out, error_flag;
+  int64_t rotary_dim = 0, style = 0;
+};
+
+//! kvrope::backward / backward_: the gradients of k, v (and of cos, sin when grad_cos is given) from
+//! the caches' gradients; out of place into grad_*_cache_input, or in place when those are absent.
+struct BackwardTensors {
+  at::Tensor grad_key_cache, grad_value_cache, cache_position, cos, sin, grad_key_states, grad_value_states;
+  c10::optional<at::Tensor> key_states, grad_cos, grad_sin, grad_key_cache_input, grad_value_cache_input, error_flag;
+  int64_t rotary_dim = 0, style = 0;
+};
+
+enum class DType : int { kBf16, kFp16, kFp32 };
+
+template <DType kDType>
+void forward_cuda(const ForwardTensors& t);
+template <DType kDType>
+void backward_cuda(const BackwardTensors& t);
+
+}  // namespace kvrope_torch

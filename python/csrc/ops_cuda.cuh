@@ -1,0 +1,158 @@
+// The CUDA entry points of kvrope_torch for one dtype: tensors to kvrope's parameter structs, then
+// kvrope's launchers on the current stream. Included by ops_cuda_{bf16,fp16,fp32}.cu.
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <kvrope/kvrope.cuh>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "ops.h"
+
+namespace kvrope_torch {
+
+template <DType kDType>
+using Elem = std::conditional_t<kDType == DType::kBf16, __nv_bfloat16,
+                                std::conditional_t<kDType == DType::kFp16, __half, float>>;
+
+template <typename T>
+kvrope::HeadRows<T> head_rows(const at::Tensor& x) {  // [B, H, L, D], last dim contiguous (checked in Python)
+  return {reinterpret_cast<T*>(x.data_ptr()), x.stride(0), x.stride(1), x.stride(2)};
+}
+template <typename T>
+kvrope::HeadRows<T> head_rows(const c10::optional<at::Tensor>& x) {
+  return x.has_value() && x->defined() ? head_rows<T>(*x) : kvrope::HeadRows<T>{};
+}
+// [B or 1, S, R]: a table of batch 1 is shared by the batch (batch stride 0).
+template <typename T>
+kvrope::TokenRows<T> token_rows(const at::Tensor& x) {
+  return {reinterpret_cast<T*>(x.data_ptr()), x.size(0) == 1 ? 0 : x.stride(0), x.stride(1)};
+}
+template <typename T>
+kvrope::TokenRows<T> token_rows(const c10::optional<at::Tensor>& x) {
+  return x.has_value() && x->defined() ? token_rows<T>(*x) : kvrope::TokenRows<T>{};
+}
+inline int* flag_ptr(const c10::optional<at::Tensor>& flag) {
+  return flag.has_value() && flag->defined() ? flag->data_ptr<int>() : nullptr;
+}
+
+inline void check(const kvrope::Status& s, const char* op) {
+  TORCH_CHECK(s.ok(), op, ": ", kvrope::to_string(s.code), s.field ? std::string(" (") + s.field + ")" : "",
+              s.other ? std::string(" and ") + s.other : "",
+              s.cuda_error != cudaSuccess ? std::string(": ") + cudaGetErrorString(s.cuda_error) : "");
+}
+
+// A zeroed workspace of the out-of-place backward per (device, stream): each call leaves it zero, and
+// calls on one stream never overlap (BackwardParams::workspace).
+inline void* backward_workspace(const at::Tensor& like, cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, at::Tensor> workspaces;
+  const std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& w = workspaces[{like.get_device(), stream}];
+  if (!w.defined()) w = at::zeros({kvrope::kBackwardWorkspaceBytes}, like.options().dtype(at::kByte));  // (on `stream`)
+  return w.data_ptr();
+}
+
+template <typename T, typename Pos>
+void forward_typed(const ForwardTensors& t, cudaStream_t stream) {
+  kvrope::ForwardParams<T, Pos> p;
+  p.batch = t.key_states.size(0);
+  p.heads = t.key_states.size(1);
+  p.seq_len = t.key_states.size(2);
+  p.head_dim = t.key_states.size(3);
+  p.cache_len = t.key_cache.size(2);
+  p.rotary_dim = t.rotary_dim;
+  p.style = t.style == 0 ? kvrope::RotaryStyle::kRotateHalf : kvrope::RotaryStyle::kInterleaved;
+  p.key_states = head_rows<const T>(t.key_states);
+  p.value_states = head_rows<const T>(t.value_states);
+  p.key_cache = head_rows<T>(t.key_cache);
+  p.value_cache = head_rows<T>(t.value_cache);
+  p.cache_position = t.cache_position.data_ptr<Pos>();
+  p.key_out = head_rows<T>(t.key_out);
+  if (t.query.has_value() && t.query->defined()) {
+    p.query_heads = t.query->size(1);
+    p.query = head_rows<T>(t.query);
+    p.query_out = head_rows<T>(t.query_out);
+  }
+  if (t.cos_sin_cache.has_value() && t.cos_sin_cache->defined()) {
+    const at::Tensor& c = *t.cos_sin_cache;
+    if (c.scalar_type() == at::kFloat && !std::is_same_v<T, float>)
+      p.cos_sin_cache_f32 = c.data_ptr<float>();
+    else
+      p.cos_sin_cache = reinterpret_cast<const T*>(c.data_ptr());
+    p.max_position = c.size(0);
+    const at::Tensor& ids = *t.position_ids;
+    p.position_ids = ids.data_ptr<Pos>();
+    p.position_ids_batch_stride = ids.dim() == 2 ? ids.stride(0) : 0;
+  } else {
+    p.cos = token_rows<const T>(t.cos);
+    p.sin = token_rows<const T>(t.sin);
+  }
+  p.error_flag = flag_ptr(t.error_flag);
+  check(kvrope::kv_cache_rope_forward(p, stream), "kvrope.forward");
+}
+
+template <typename T, typename Pos>
+void backward_typed(const BackwardTensors& t, cudaStream_t stream) {
+  auto fill = [&](kvrope::BackwardCommon<T, Pos>& p) {
+    p.batch = t.grad_key_states.size(0);
+    p.heads = t.grad_key_states.size(1);
+    p.seq_len = t.grad_key_states.size(2);
+    p.head_dim = t.grad_key_states.size(3);
+    p.cache_len = t.grad_key_cache.size(2);
+    p.rotary_dim = t.rotary_dim;
+    p.style = t.style == 0 ? kvrope::RotaryStyle::kRotateHalf : kvrope::RotaryStyle::kInterleaved;
+    p.key_states = head_rows<const T>(t.key_states);
+    p.cos = token_rows<const T>(t.cos);
+    p.sin = token_rows<const T>(t.sin);
+    p.cache_position = t.cache_position.data_ptr<Pos>();
+    p.grad_key_states = head_rows<T>(t.grad_key_states);
+    p.grad_value_states = head_rows<T>(t.grad_value_states);
+    p.grad_cos = token_rows<T>(t.grad_cos);
+    p.grad_sin = token_rows<T>(t.grad_sin);
+    p.error_flag = flag_ptr(t.error_flag);
+  };
+  if (t.grad_key_cache_input.has_value() && t.grad_key_cache_input->defined()) {
+    kvrope::BackwardParams<T, Pos> p;
+    fill(p);
+    p.grad_key_cache = head_rows<const T>(t.grad_key_cache);
+    p.grad_value_cache = head_rows<const T>(t.grad_value_cache);
+    p.grad_key_cache_input = head_rows<T>(t.grad_key_cache_input);
+    p.grad_value_cache_input = head_rows<T>(t.grad_value_cache_input);
+    p.workspace = backward_workspace(t.grad_key_cache, stream);
+    check(kvrope::kv_cache_rope_backward(p, stream), "kvrope.backward");
+  } else {
+    kvrope::BackwardInPlaceParams<T, Pos> p;
+    fill(p);
+    p.grad_key_cache = head_rows<T>(t.grad_key_cache);
+    p.grad_value_cache = head_rows<T>(t.grad_value_cache);
+    check(kvrope::kv_cache_rope_backward(p, stream), "kvrope.backward_");
+  }
+}
+
+template <DType kDType>
+void forward_cuda(const ForwardTensors& t) {
+  const c10::cuda::CUDAGuard guard(t.key_states.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (t.cache_position.scalar_type() == at::kLong)
+    forward_typed<Elem<kDType>, int64_t>(t, stream);
+  else
+    forward_typed<Elem<kDType>, int32_t>(t, stream);
+}
+
+template <DType kDType>
+void backward_cuda(const BackwardTensors& t) {
+  const c10::cuda::CUDAGuard guard(t.grad_key_cache.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (t.cache_position.scalar_type() == at::kLong)
+    backward_typed<Elem<kDType>, int64_t>(t, stream);
+  else
+    backward_typed<Elem<kDType>, int32_t>(t, stream);
+}
+
+}  // namespace kvrope_torch

@@ -1,0 +1,5 @@
+// kvrope_torch's CUDA entry points for fp32 (ops_cuda.cuh); one file a dtype, so that they compile in parallel.
+#include "ops_cuda.cuh"
+
+template void kvrope_torch::forward_cuda<kvrope_torch::DType::kFp32>(const kvrope_torch::ForwardTensors&);
+template void kvrope_torch::backward_cuda<kvrope_torch::DType::kFp32>(const kvrope_torch::BackwardTensors&);

@@ -1,0 +1,192 @@
+"""kvrope for PyTorch: the fused KV-cache update with RoPE (forward) and its backward as torch custom
+ops (namespace ``kvrope``), with autograd, CPU implementations and torch.compile support.
+
+Tensors are [B, H, L, D] head rows (k, v, q, the caches and their gradients); a BSHD tensor is
+passed as its [B, H, S, D] view (``x.transpose(1, 2)``): only the last dim must be contiguous.
+Per-token tables are [B, S, R] or [1, S, R] (shared by the batch); R <= D, the rest of a row passes
+through. ``style`` is ``"rotate_half"`` (Llama, Hugging Face) or ``"interleaved"`` (GPT-J).
+See python/README.md and docs/spec.md."""
+from typing import Optional, Tuple
+
+import torch
+
+from . import _ops
+from ._math import INTERLEAVED, ROTATE_HALF
+
+__all__ = ["forward", "forward_", "backward", "backward_", "ERROR_POSITION_OUT_OF_RANGE",
+           "ERROR_POSITION_ID_OUT_OF_RANGE"]
+
+ERROR_POSITION_OUT_OF_RANGE = _ops.ERROR_POSITION_OUT_OF_RANGE
+ERROR_POSITION_ID_OUT_OF_RANGE = _ops.ERROR_POSITION_ID_OUT_OF_RANGE
+_STYLES = {"rotate_half": ROTATE_HALF, "interleaved": INTERLEAVED}
+_CUDA_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_CPU_DTYPES = _CUDA_DTYPES + (torch.float64,)
+
+
+def _style(style: str) -> int:
+    if style not in _STYLES:
+        raise ValueError(f"kvrope: style must be 'rotate_half' or 'interleaved', not {style!r}")
+    return _STYLES[style]
+
+
+def _check_rows(name: str, x: torch.Tensor, like: torch.Tensor, shape) -> None:
+    if x.device != like.device:
+        raise ValueError(f"kvrope: {name} is on {x.device}, key_states on {like.device}")
+    if x.dtype != like.dtype:
+        raise TypeError(f"kvrope: {name} is {x.dtype}, key_states {like.dtype}: every float tensor has one dtype")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"kvrope: {name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+    if x.numel() > 0 and x.stride(-1) != 1:
+        raise ValueError(f"kvrope: {name}'s last dim must be contiguous (stride 1), not {x.stride(-1)}")
+
+
+def _check_positions(name: str, p: torch.Tensor, like: torch.Tensor, shapes) -> None:
+    if p.device != like.device:
+        raise ValueError(f"kvrope: {name} is on {p.device}, key_states on {like.device}")
+    if p.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"kvrope: {name} must be int32 or int64, not {p.dtype}")
+    if tuple(p.shape) not in [tuple(s) for s in shapes]:
+        raise ValueError(f"kvrope: {name} has shape {tuple(p.shape)}, expected one of {[tuple(s) for s in shapes]}")
+    if p.numel() > 0 and p.stride(-1) != 1:
+        raise ValueError(f"kvrope: {name} must be contiguous")
+
+
+def _check_heads(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 cache_position: torch.Tensor) -> Tuple[int, int, int, int, int]:
+    if k.dim() != 4:
+        raise ValueError(f"kvrope: key_states must be [B, H, S, D], got {tuple(k.shape)}")
+    allowed = _CUDA_DTYPES if k.is_cuda else _CPU_DTYPES
+    if k.dtype not in allowed:
+        raise TypeError(f"kvrope: {k.device.type} tensors must be one of {allowed}, not {k.dtype}")
+    b, h, s, d = k.shape
+    if d % 2:
+        raise ValueError(f"kvrope: head_dim must be even, not {d}")
+    if key_cache.dim() != 4:
+        raise ValueError(f"kvrope: key_cache must be [B, H, S_max, D], got {tuple(key_cache.shape)}")
+    s_max = key_cache.shape[2]
+    _check_rows("key_states", k, k, (b, h, s, d))
+    _check_rows("value_states", v, k, (b, h, s, d))
+    _check_rows("key_cache", key_cache, k, (b, h, s_max, d))
+    _check_rows("value_cache", value_cache, k, (b, h, s_max, d))
+    _check_positions("cache_position", cache_position, k, [(s,)])
+    return b, h, s, s_max, d
+
+
+def _check_tables(cos: torch.Tensor, sin: torch.Tensor, like: torch.Tensor, b: int, s: int, d: int) -> int:
+    if cos is None or sin is None:
+        raise ValueError("kvrope: give cos and sin (per-token tables), or cos_sin_cache and position_ids")
+    if cos.dim() != 3 or cos.shape[0] not in (1, b) or cos.shape[1] != s:
+        raise ValueError(f"kvrope: cos must be [B, S, R] or [1, S, R] with B={b}, S={s}, got {tuple(cos.shape)}")
+    r = cos.shape[2]
+    if r % 2 or r == 0 or r > d:
+        raise ValueError(f"kvrope: the rotary dim R = cos.shape[-1] must be even and in (0, D={d}], not {r}")
+    _check_rows("cos", cos, like, cos.shape)
+    _check_rows("sin", sin, like, cos.shape)
+    return r
+
+
+def forward(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: torch.Tensor,
+            value_cache: torch.Tensor, cache_position: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+            style: str = "rotate_half") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The functional forward, with autograd: returns (new key cache, new value cache, RoPE(k)).
+
+    Rows ``cache_position`` of the new caches hold RoPE(k) and v; every other row is the input's.
+    Repeated positions: the last token naming a row wins; a position outside [-S_max, S_max) writes no
+    row. Gradients flow to k, v, cos, sin and both incoming caches through ``kvrope::backward``
+    (docs/spec.md section 1: with a repeated row every token receives that row's gradient)."""
+    b, h, s, s_max, d = _check_heads(key_states, value_states, key_cache, value_cache, cache_position)
+    r = _check_tables(cos, sin, key_states, b, s, d)
+    return _ops.ops.forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin,
+                            0 if r == d else r, _style(style))
+
+
+def forward_(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: torch.Tensor,
+             value_cache: torch.Tensor, cache_position: torch.Tensor, cos: Optional[torch.Tensor] = None,
+             sin: Optional[torch.Tensor] = None, *, cos_sin_cache: Optional[torch.Tensor] = None,
+             position_ids: Optional[torch.Tensor] = None, query: Optional[torch.Tensor] = None,
+             query_out: Optional[torch.Tensor] = None, key_out: Optional[torch.Tensor] = None,
+             error_flag: Optional[torch.Tensor] = None, style: str = "rotate_half") -> None:
+    """The inference forward, in place: RoPE(k) and v into rows ``cache_position`` of the caches; RoPE(k)
+    into ``key_out`` and RoPE(q) into ``query_out`` (or ``query`` itself) when given. The tables come
+    from cos / sin [B or 1, S, R], or from a table cache [max_pos, R] (cos | sin, one angle a pair; T or
+    fp32) indexed by ``position_ids`` [S] or [B, S] (the dtype of ``cache_position``). ``error_flag``,
+    an int32 tensor of one element, gets ERROR_POSITION_OUT_OF_RANGE / ERROR_POSITION_ID_OUT_OF_RANGE
+    OR-ed in (read it after the stream; the call itself never synchronizes)."""
+    b, h, s, s_max, d = _check_heads(key_states, value_states, key_cache, value_cache, cache_position)
+    if cos_sin_cache is not None:
+        if cos is not None or sin is not None:
+            raise ValueError("kvrope: give either cos and sin or cos_sin_cache, not both")
+        if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] % 2 or not 0 < cos_sin_cache.shape[1] <= d:
+            raise ValueError(f"kvrope: cos_sin_cache must be [max_pos, R] with R even in (0, D={d}], "
+                             f"got {tuple(cos_sin_cache.shape)}")
+        if cos_sin_cache.dtype not in (key_states.dtype, torch.float32) or cos_sin_cache.device != key_states.device:
+            raise TypeError("kvrope: cos_sin_cache must be on key_states' device, in its dtype or float32")
+        if not cos_sin_cache.is_contiguous():
+            raise ValueError("kvrope: cos_sin_cache must be contiguous")
+        if position_ids is None:
+            raise ValueError("kvrope: cos_sin_cache needs position_ids")
+        _check_positions("position_ids", position_ids, key_states, [(s,), (b, s)])
+        if position_ids.dtype != cache_position.dtype:
+            raise TypeError("kvrope: position_ids and cache_position must have one dtype")
+        r = cos_sin_cache.shape[1]
+    else:
+        r = _check_tables(cos, sin, key_states, b, s, d)
+    if query is not None:
+        if query.dim() != 4 or query.shape[0] != b or query.shape[2] != s or query.shape[3] != d:
+            raise ValueError(f"kvrope: query must be [B, Hq, S, D] with B={b}, S={s}, D={d}, got {tuple(query.shape)}")
+        _check_rows("query", query, key_states, query.shape)
+        if query_out is not None:
+            _check_rows("query_out", query_out, key_states, query.shape)
+    elif query_out is not None:
+        raise ValueError("kvrope: query_out needs query")
+    if key_out is not None:
+        _check_rows("key_out", key_out, key_states, key_states.shape)
+    if error_flag is not None and (error_flag.dtype != torch.int32 or error_flag.numel() != 1 or
+                                   error_flag.device != key_states.device):
+        raise ValueError("kvrope: error_flag must be an int32 tensor of one element on key_states' device")
+    _ops.ops.forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
+                      position_ids, query, query_out, key_out, error_flag, 0 if r == d else r, _style(style))
+
+
+def _check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads):
+    if grad_key_cache.dim() != 4:
+        raise ValueError(f"kvrope: grad_key_cache must be [B, H, S_max, D], got {tuple(grad_key_cache.shape)}")
+    allowed = _CUDA_DTYPES if grad_key_cache.is_cuda else _CPU_DTYPES
+    if grad_key_cache.dtype not in allowed:
+        raise TypeError(f"kvrope: {grad_key_cache.device.type} tensors must be one of {allowed}")
+    b, h, s_max, d = grad_key_cache.shape
+    if d % 2:
+        raise ValueError(f"kvrope: head_dim must be even, not {d}")
+    _check_rows("grad_key_cache", grad_key_cache, grad_key_cache, (b, h, s_max, d))
+    _check_rows("grad_value_cache", grad_value_cache, grad_key_cache, (b, h, s_max, d))
+    if cache_position.dim() != 1:
+        raise ValueError(f"kvrope: cache_position must be [S], got {tuple(cache_position.shape)}")
+    s = cache_position.shape[0]
+    _check_positions("cache_position", cache_position, grad_key_cache, [(s,)])
+    r = _check_tables(cos, sin, grad_key_cache, b, s, d)
+    if table_grads:
+        if key_states is None:
+            raise ValueError("kvrope: table gradients need key_states")
+        _check_rows("key_states", key_states, grad_key_cache, (b, h, s, d))
+    return 0 if r == d else r
+
+
+def backward(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_states: Optional[torch.Tensor],
+             cos: torch.Tensor, sin: torch.Tensor, cache_position: torch.Tensor, *, style: str = "rotate_half",
+             table_grads: bool = True) -> Tuple[torch.Tensor, ...]:
+    """The backward, out of place: (grad k, grad v, grad cos, grad sin, grad of the incoming key cache,
+    of the incoming value cache). grad cos / sin have the tables' shape (summed over the batch for
+    [1, S, R] tables) and are empty when ``table_grads`` is False (then key_states may be None)."""
+    r = _check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads)
+    return _ops.ops.backward(grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
+                             cache_position, r, _style(style), table_grads)
+
+
+def backward_(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_states: Optional[torch.Tensor],
+              cos: torch.Tensor, sin: torch.Tensor, cache_position: torch.Tensor, *, style: str = "rotate_half",
+              table_grads: bool = True) -> Tuple[torch.Tensor, ...]:
+    """The backward, in place: returns (grad k, grad v, grad cos, grad sin); grad_key_cache and
+    grad_value_cache become the incoming caches' gradients (their rows cache_position zeroed)."""
+    r = _check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads)
+    return _ops.ops.backward_(grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
+                              cache_position, r, _style(style), table_grads)

@@ -1,0 +1,85 @@
+"""The op's math in plain torch (docs/spec.md sections 1 and 2): the CPU implementations of the ops
+and the autograd term of RoPE(k) are built on it. Computes in fp32, or fp64 for fp64 inputs, and
+rounds each output to the input's dtype once."""
+from typing import Optional, Tuple
+
+import torch
+
+ROTATE_HALF, INTERLEAVED = 0, 1
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def rotate(x: torch.Tensor, style: int) -> torch.Tensor:
+    """rot(x) over the last dim (the rotated part): out = x * cos + rot(x) * sin."""
+    if style == ROTATE_HALF:
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
+def rotate_adjoint(g: torch.Tensor, style: int) -> torch.Tensor:
+    """The adjoint of rotate: <rotate(x), g> = <x, rotate_adjoint(g)>."""
+    if style == ROTATE_HALF:
+        h = g.shape[-1] // 2
+        return torch.cat((g[..., h:], -g[..., :h]), dim=-1)
+    return torch.stack((g[..., 1::2], -g[..., 0::2]), dim=-1).flatten(-2)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: int) -> torch.Tensor:
+    """RoPE of head rows x [B, H, S, D] (compute dtype) with tables [B or 1, S, R]; elements R.. pass."""
+    r = cos.shape[-1]
+    c, s = cos[:, None], sin[:, None]
+    xr = x[..., :r]
+    return torch.cat((xr * c + rotate(xr, style) * s, x[..., r:]), dim=-1)
+
+
+def rope_backward(g: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, style: int,
+                  table_grads: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Given the gradient g of RoPE(k) [B, H, S, D]: the gradient of k and, with table_grads, of cos and
+    sin, summed over the heads (and over the batch when the tables have batch 1)."""
+    r = cos.shape[-1]
+    c, s = cos[:, None], sin[:, None]
+    gr = g[..., :r]
+    gk = torch.cat((gr * c + rotate_adjoint(gr * s, style), g[..., r:]), dim=-1)
+    if not table_grads:
+        return gk, None, None
+    kr = k[..., :r]
+    gcos, gsin = (gr * kr).sum(1), (gr * rotate(kr, style)).sum(1)
+    if cos.shape[0] == 1:
+        gcos, gsin = gcos.sum(0, keepdim=True), gsin.sum(0, keepdim=True)
+    return gk, gcos, gsin
+
+
+def rows_of(cache_position: torch.Tensor, cache_len: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Each token's cache row (negatives wrap) and whether it is in [-S_max, S_max)."""
+    p = cache_position.to(torch.int64)
+    p = torch.where(p < 0, p + cache_len, p)
+    valid = (p >= 0) & (p < cache_len)
+    return torch.where(valid, p, torch.zeros_like(p)), valid
+
+
+def last_writers(rows: torch.Tensor, writes: torch.Tensor, cache_len: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The rows written and, for each, the last token that names it among those that write."""
+    tokens = torch.arange(rows.numel(), device=rows.device)
+    last = torch.full((max(cache_len, 1),), -1, dtype=torch.int64, device=rows.device)
+    last = last.scatter_reduce(0, rows[writes], tokens[writes], reduce="amax", include_self=True)
+    written = torch.nonzero(last >= 0).flatten()
+    return written, last[written]
+
+
+def tables_from_cache(cos_sin_cache: torch.Tensor, position_ids: torch.Tensor, batch: int, style: int,
+                      dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token tables [B, S, R] from a table cache [max_pos, R] (cos | sin, one angle a pair) and
+    position ids [S] or [B, S]; and whether each token's id is in range ([B, S])."""
+    r = cos_sin_cache.shape[-1]
+    ids = position_ids.to(torch.int64)
+    if ids.dim() == 1:
+        ids = ids[None].expand(batch, -1)
+    ok = (ids >= 0) & (ids < cos_sin_cache.shape[0])
+    rows = cos_sin_cache.to(dtype)[torch.where(ok, ids, torch.zeros_like(ids))]  # [B, S, R]
+    e = torch.arange(r, device=cos_sin_cache.device)
+    pair = e % (r // 2) if style == ROTATE_HALF else e // 2
+    return rows[..., pair], rows[..., r // 2 + pair], ok

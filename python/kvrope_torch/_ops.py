@@ -1,0 +1,160 @@
+"""The kvrope ops' CPU implementations, fake (meta) implementations and autograd. The schemas and the
+CUDA implementations are in the C++ extension (csrc/ops.cpp)."""
+
+import torch
+
+from . import _C  # noqa: F401  (registers the schemas and the CUDA kernels)
+from . import _math as m
+
+ops = torch.ops.kvrope
+ERROR_POSITION_OUT_OF_RANGE, ERROR_POSITION_ID_OUT_OF_RANGE = 1, 2
+
+
+# --- CPU implementations: the semantics of docs/spec.md, in plain torch ---------------------------
+
+def _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
+                      position_ids, query, query_out, key_out, error_flag, style):
+    ct = m.compute_dtype(key_states.dtype)
+    batch, cache_len = key_states.shape[0], key_cache.shape[2]
+    seq = cache_position.shape[0]
+    if cos_sin_cache is not None:
+        cos, sin, ids_ok = m.tables_from_cache(cos_sin_cache, position_ids, batch, style, ct)
+    else:
+        cos, sin = cos.to(ct), sin.to(ct)
+        ids_ok = torch.ones(batch, seq, dtype=torch.bool)
+    rows, in_range = m.rows_of(cache_position, cache_len)
+    flag = 0
+    if bool((~in_range).any()):
+        flag |= ERROR_POSITION_OUT_OF_RANGE
+    if bool((~ids_ok).any()):
+        flag |= ERROR_POSITION_ID_OUT_OF_RANGE
+    if error_flag is not None and flag:
+        error_flag.bitwise_or_(flag)
+    k_rot = m.rope(key_states.to(ct), cos, sin, style).to(key_states.dtype)
+    keep = ids_ok[:, None, :, None]  # a token with a bad position id writes nothing at all
+    if key_out is not None:
+        key_out.copy_(torch.where(keep, k_rot, key_out))
+    if query is not None:
+        q_rot = m.rope(query.to(ct), cos, sin, style).to(query.dtype)
+        target = query_out if query_out is not None else query
+        target.copy_(torch.where(keep, q_rot, target))
+    for b in range(batch):
+        written, tokens = m.last_writers(rows, in_range & ids_ok[b], cache_len)
+        key_cache[b][:, written] = k_rot[b][:, tokens]
+        value_cache[b][:, written] = value_states[b][:, tokens]
+
+
+@torch.library.impl("kvrope::forward_", "cpu")
+def _forward_inplace_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
+                         position_ids, query, query_out, key_out, error_flag, rotary_dim=0, style=0):
+    _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
+                      position_ids, query, query_out, key_out, error_flag, style)
+
+
+@torch.library.impl("kvrope::forward", "cpu")
+def _forward_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim=0, style=0):
+    kc, vc, ko = key_cache.clone(), value_cache.clone(), torch.empty_like(key_states)
+    _forward_cpu_into(key_states, value_states, kc, vc, cache_position, cos, sin, None, None, None, None, ko, None,
+                      style)
+    return kc, vc, ko
+
+
+def _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, style, table_grads):
+    ct = m.compute_dtype(grad_key_cache.dtype)
+    dtype, cache_len = grad_key_cache.dtype, grad_key_cache.shape[2]
+    rows, in_range = m.rows_of(cache_position, cache_len)
+    mask = in_range[None, None, :, None]
+    g = torch.where(mask, grad_key_cache[:, :, rows], 0)  # a token out of range gets zeros
+    gk, gc, gs = m.rope_backward(g.to(ct), None if key_states is None else key_states.to(ct), cos.to(ct), sin.to(ct),
+                                 style, table_grads)
+    gv = torch.where(mask, grad_value_cache[:, :, rows], 0)
+    empty = cos.new_empty(0)
+    gc = gc.to(dtype) if table_grads else empty
+    gs = gs.to(dtype) if table_grads else empty
+    return gk.to(dtype), gv, gc, gs, rows[in_range]
+
+
+@torch.library.impl("kvrope::backward", "cpu")
+def _backward_cpu(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim=0, style=0,
+                  table_grads=True):
+    gk, gv, gc, gs, named = _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin,
+                                                cache_position, style, table_grads)
+    gkc, gvc = grad_key_cache.clone(), grad_value_cache.clone()
+    gkc[:, :, named] = 0
+    gvc[:, :, named] = 0
+    return gk, gv, gc, gs, gkc, gvc
+
+
+@torch.library.impl("kvrope::backward_", "cpu")
+def _backward_inplace_cpu(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim=0,
+                          style=0, table_grads=True):
+    gk, gv, gc, gs, named = _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin,
+                                                cache_position, style, table_grads)
+    grad_key_cache[:, :, named] = 0
+    grad_value_cache[:, :, named] = 0
+    return gk, gv, gc, gs
+
+
+# --- fake implementations: shapes for torch.compile and opcheck ------------------------------------
+
+@torch.library.register_fake("kvrope::forward")
+def _forward_fake(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim=0, style=0):
+    return torch.empty_like(key_cache), torch.empty_like(value_cache), torch.empty_like(key_states)
+
+
+@torch.library.register_fake("kvrope::forward_")
+def _forward_inplace_fake(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
+                          position_ids, query, query_out, key_out, error_flag, rotary_dim=0, style=0):
+    return None
+
+
+def _backward_fake_parts(grad_key_cache, cos, cache_position, table_grads):
+    b, h, _, d = grad_key_cache.shape
+    gk = grad_key_cache.new_empty((b, h, cache_position.shape[0], d))
+    tables = (torch.empty_like(cos), torch.empty_like(cos)) if table_grads else (cos.new_empty(0), cos.new_empty(0))
+    return gk, torch.empty_like(gk), *tables
+
+
+@torch.library.register_fake("kvrope::backward")
+def _backward_fake(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim=0, style=0,
+                   table_grads=True):
+    return (*_backward_fake_parts(grad_key_cache, cos, cache_position, table_grads), torch.empty_like(grad_key_cache),
+            torch.empty_like(grad_value_cache))
+
+
+@torch.library.register_fake("kvrope::backward_")
+def _backward_inplace_fake(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim=0,
+                           style=0, table_grads=True):
+    return _backward_fake_parts(grad_key_cache, cos, cache_position, table_grads)
+
+
+# --- autograd of the functional forward -------------------------------------------------------------
+
+def _setup_context(ctx, inputs, output):
+    key_states, _, key_cache, _, cache_position, cos, sin, rotary_dim, style = inputs
+    ctx.save_for_backward(key_states, cos, sin, cache_position)
+    ctx.rotary_dim, ctx.style, ctx.cache_shape = rotary_dim, style, key_cache.shape
+    ctx.set_materialize_grads(False)
+
+
+def _forward_backward(ctx, grad_key_cache, grad_value_cache, grad_key_out):
+    key_states, cos, sin, cache_position = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    table_grads = need[5] or need[6]
+    zeros = lambda: key_states.new_zeros(ctx.cache_shape)  # noqa: E731  (an output whose gradient is absent)
+    gk, gv, gc, gs, gkc, gvc = ops.backward(zeros() if grad_key_cache is None else grad_key_cache,
+                                            zeros() if grad_value_cache is None else grad_value_cache,
+                                            key_states if table_grads else None, cos, sin, cache_position,
+                                            ctx.rotary_dim, ctx.style, table_grads)
+    if grad_key_out is not None:  # RoPE(k) returned and used: its gradient joins k's and the tables'
+        ct = m.compute_dtype(key_states.dtype)
+        extra_k, extra_c, extra_s = m.rope_backward(grad_key_out.to(ct), key_states.to(ct), cos.to(ct), sin.to(ct),
+                                                    ctx.style, table_grads)
+        gk = (gk.to(ct) + extra_k).to(gk.dtype)
+        if table_grads:
+            gc, gs = (gc.to(ct) + extra_c).to(gc.dtype), (gs.to(ct) + extra_s).to(gs.dtype)
+    return (gk if need[0] else None, gv if need[1] else None, gkc if need[2] else None, gvc if need[3] else None,
+            None, gc if need[5] else None, gs if need[6] else None, None, None)
+
+
+torch.library.register_autograd("kvrope::forward", _forward_backward, setup_context=_setup_context)

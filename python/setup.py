@@ -1,0 +1,34 @@
+"""Builds kvrope_torch: the C++ / CUDA extension over the header-only library in ../include.
+
+    TORCH_CUDA_ARCH_LIST="9.0" python3 -m pip install --no-build-isolation --no-deps python/
+
+torch.utils.cpp_extension (rather than scikit-build-core over the CMake package): the extension is
+four source files against torch's own headers and flags, so torch's builder is the shortest path,
+and it refuses an nvcc whose major version differs from torch's CUDA, which is the check we want.
+Without TORCH_CUDA_ARCH_LIST the project's default architectures are built (sm_90 and sm_100a)."""
+import os
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+
+here = os.path.dirname(os.path.abspath(__file__))
+include = os.path.normpath(os.path.join(here, "..", "include"))
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0;10.0a")
+
+setup(
+    name="kvrope_torch",
+    version="0.1.0",
+    description="kvrope's fused KV-cache update with RoPE, and its backward, as PyTorch custom ops",
+    packages=["kvrope_torch"],
+    ext_modules=[
+        CUDAExtension(
+            "kvrope_torch._C",
+            ["csrc/ops.cpp", "csrc/ops_cuda_bf16.cu", "csrc/ops_cuda_fp16.cu", "csrc/ops_cuda_fp32.cu"],
+            include_dirs=[include],
+            extra_compile_args={"cxx": ["-O3", "-std=c++17"], "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]},
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+    python_requires=">=3.9",
+    install_requires=["torch>=2.9"],
+)

@@ -1,0 +1,71 @@
+"""The tests' own eager reference, written from the op's definition (docs/spec.md sections 1-2) and
+Hugging Face's steps: ``apply_rotary_pos_emb`` on k, then ``index_copy_`` into the caches, in float64.
+The backward is autograd through it. Independent of kvrope_torch's code."""
+import torch
+
+MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 52}
+MIN_EXPONENT = {torch.bfloat16: -126, torch.float16: -14, torch.float32: -126, torch.float64: -1022}
+
+
+def rotate_half(x):  # Hugging Face's
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rotate_interleaved(x):  # GPT-J's pairs (2i, 2i + 1)
+    out = torch.empty_like(x)
+    out[..., 0::2] = -x[..., 1::2]
+    out[..., 1::2] = x[..., 0::2]
+    return out
+
+
+def apply_rotary(x, cos, sin, style):
+    """x [B, H, S, D], tables [B or 1, S, R]: the first R elements rotated, the rest passed."""
+    r = cos.shape[-1]
+    rot = rotate_half if style == "rotate_half" else rotate_interleaved
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return torch.cat((x[..., :r] * c + rot(x[..., :r]) * s, x[..., r:]), dim=-1)
+
+
+def rotary_abs_sum(x, cos, sin, style):
+    """The sum of the absolute values of the products making up each rotated element (the tolerance's A)."""
+    r = cos.shape[-1]
+    rot = rotate_half if style == "rotate_half" else rotate_interleaved
+    c, s = cos.unsqueeze(1).abs(), sin.unsqueeze(1).abs()
+    a = x[..., :r].abs() * c + rot(x[..., :r]).abs() * s
+    return torch.cat((a, torch.zeros_like(x[..., r:])), dim=-1)
+
+
+def wrap(cache_position, cache_len):
+    p = cache_position.to(torch.int64)
+    return torch.where(p < 0, p + cache_len, p)
+
+
+def forward(k, v, key_cache, value_cache, cache_position, cos, sin, style):
+    """New caches and RoPE(k), float64; positions distinct and in range (index_copy_'s contract)."""
+    k_rot = apply_rotary(k, cos, sin, style)
+    rows = wrap(cache_position, key_cache.shape[2])
+    return key_cache.index_copy(2, rows, k_rot), value_cache.index_copy(2, rows, v), k_rot
+
+
+def forward_sequential(k, v, key_cache, value_cache, cache_position, cos, sin, style):
+    """The same, token by token in order (repeated rows: the last token wins); out-of-range tokens skip."""
+    k_rot = apply_rotary(k, cos, sin, style)
+    kc, vc = key_cache.clone(), value_cache.clone()
+    n = key_cache.shape[2]
+    for t, p in enumerate(cache_position.tolist()):
+        if -n <= p < n:
+            kc[:, :, p % n] = k_rot[:, :, t]
+            vc[:, :, p % n] = v[:, :, t]
+    return kc, vc, k_rot
+
+
+def within_tolerance(out, gold, abs_sum, dtype):
+    """|out - gold| <= ulp_dtype(gold) + 2^-21 A (docs/spec.md section 1.7), elementwise; returns the
+    worst excess and its index for the message."""
+    out, gold, abs_sum = out.double(), gold.double(), abs_sum.double()
+    exponent = torch.floor(torch.log2(gold.abs().clamp_min(1e-300))).clamp_min(MIN_EXPONENT[dtype])
+    ulp = torch.pow(2.0, exponent - MANTISSA_BITS[dtype])
+    excess = (out - gold).abs() - (ulp + 2.0 ** -21 * abs_sum)
+    worst = int(torch.argmax(excess)) if excess.numel() else 0
+    return bool((excess <= 0).all()), (excess.flatten()[worst].item() if excess.numel() else 0.0), worst
