@@ -48,12 +48,13 @@ inline void check(const kvrope::Status& s, const char* op) {
 }
 
 // A zeroed workspace of the out-of-place backward per (device, stream): each call leaves it zero, and
-// calls on one stream never overlap (BackwardParams::workspace).
+// calls on one stream never overlap (BackwardParams::workspace). Never freed: 8 bytes a stream, and no
+// free after the CUDA context is gone at exit.
 inline void* backward_workspace(const at::Tensor& like, cudaStream_t stream) {
   static std::mutex mutex;
-  static std::map<std::pair<int, cudaStream_t>, at::Tensor> workspaces;
+  static auto* workspaces = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
   const std::lock_guard<std::mutex> lock(mutex);
-  at::Tensor& w = workspaces[{like.get_device(), stream}];
+  at::Tensor& w = (*workspaces)[{like.get_device(), stream}];
   if (!w.defined()) w = at::zeros({kvrope::kBackwardWorkspaceBytes}, like.options().dtype(at::kByte));  // (on `stream`)
   return w.data_ptr();
 }
