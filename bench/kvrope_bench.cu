@@ -153,17 +153,15 @@ void run_variant(benchmark::State& state, const LeaderboardCase& lc, Variant var
 }
 
 template <typename T>
-void register_benchmarks() {
-  for (const LeaderboardCase& lc : g_run.cases) {
-    for (Variant v : variant_order(g_run.options)) {
-      if (!selected(g_run.options, v)) continue;
-      char name[64];
-      std::snprintf(name, sizeof(name), "backward/%s/case:%02d", variant_name(v), lc.id);
-      benchmark::RegisterBenchmark(name, [lc, v](benchmark::State& st) { run_variant<T>(st, lc, v); })
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond)
-          ->Iterations(g_run.options.iters);
-    }
+void register_case_benchmarks(const LeaderboardCase& lc) {
+  for (Variant v : variant_order(g_run.options)) {
+    if (!selected(g_run.options, v)) continue;
+    char name[64];
+    std::snprintf(name, sizeof(name), "backward/%s/case:%02d", variant_name(v), lc.id);
+    benchmark::RegisterBenchmark(name, [lc, v](benchmark::State& st) { run_variant<T>(st, lc, v); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->Iterations(g_run.options.iters);
   }
 }
 
@@ -196,12 +194,12 @@ void print_header(const Run& run) {
               c.bandwidth_bytes_per_us * 1e-6, c.copy_calls, c.copy_median_us);
   std::printf("empty kernel: %.3f us (CUPTI median of %d); its CUDA-event time (tracing off): %.2f us\n",
               c.empty_kernel_us, c.empty_calls, c.empty_kernel_event_us);
-  if (o.suite != Suite::kLeaderboard) {
+  if (forward_suite(o.suite)) {
     std::printf(
         "config: suite %s (the forward op), dtype %s, %s, positions %s (int64), in place into the caches, k_out on, no "
         "q, "
         "per-token tables [B, S, R], %lld timed calls + %lld warm-up per case, check %s, L2 flush %.1f MiB %s\n\n",
-        suite_name(o.suite), o.dtype.c_str(), dims_text(run.cases).c_str(), o.random_positions ? "random" : "arange",
+        suite_name(o.suite), dtype_text(run).c_str(), dims_text(run.cases).c_str(), positions_text(run).c_str(),
         static_cast<long long>(o.iters), static_cast<long long>(o.warmup), o.check ? "on" : "off",
         static_cast<double>(run.flush_bytes) / (1 << 20),
         o.flush_reads ? "read (--flush=read: a diagnostic, not the protocol)" : "written");
@@ -209,9 +207,9 @@ void print_header(const Run& run) {
     return;
   }
   std::printf(
-      "config: dtype %s, %s, positions %s (int64), %lld timed calls + %lld warm-up per case, "
-      "check %s, L2 flush %.1f MiB %s, fused workspace %s\n\n",
-      o.dtype.c_str(), dims_text(run.cases).c_str(), o.random_positions ? "random" : "arange",
+      "config: suite %s (the backward op), dtype %s, %s, positions %s (int64), %lld timed calls + %lld warm-up per "
+      "case, check %s, L2 flush %.1f MiB %s, fused workspace %s\n\n",
+      suite_name(o.suite), dtype_text(run).c_str(), dims_text(run.cases).c_str(), positions_text(run).c_str(),
       static_cast<long long>(o.iters), static_cast<long long>(o.warmup), o.check ? "on" : "off",
       static_cast<double>(run.flush_bytes) / (1 << 20),
       o.flush_reads ? "read (--flush=read: a diagnostic, not the protocol)" : "written", o.workspace ? "on" : "off");
@@ -255,21 +253,26 @@ int main(int argc, char** argv) {
   print_header(run);
 
   benchmark::AddCustomContext("kvrope_device", run.device.name);
-  benchmark::AddCustomContext("kvrope_dtype", run.options.dtype);
+  benchmark::AddCustomContext("kvrope_dtype", dtype_text(run));
   benchmark::AddCustomContext("kvrope_heads", std::to_string(common_value(run.cases, &LeaderboardCase::heads)));
   benchmark::AddCustomContext("kvrope_head_dim", std::to_string(common_value(run.cases, &LeaderboardCase::head_dim)));
-  benchmark::AddCustomContext("kvrope_positions", run.options.random_positions ? "random" : "arange");
+  benchmark::AddCustomContext("kvrope_positions", positions_text(run));
   benchmark::AddCustomContext("kvrope_copy_bandwidth_TBps", fmt("%.4f", run.calibration.bandwidth_bytes_per_us * 1e-6));
   benchmark::AddCustomContext("kvrope_empty_kernel_us", fmt("%.4f", run.calibration.empty_kernel_us));
 
-  const bool forward = run.options.suite != Suite::kLeaderboard;
-  if (forward) benchmark::AddCustomContext("kvrope_suite", suite_name(run.options.suite));
-  if (run.options.dtype == "bf16") {
-    forward ? register_forward_benchmarks<__nv_bfloat16>(run, *g_clock, g_case) : register_benchmarks<__nv_bfloat16>();
-  } else if (run.options.dtype == "fp16") {
-    forward ? register_forward_benchmarks<__half>(run, *g_clock, g_case) : register_benchmarks<__half>();
-  } else {
-    forward ? register_forward_benchmarks<float>(run, *g_clock, g_case) : register_benchmarks<float>();
+  const bool forward = forward_suite(run.options.suite);
+  benchmark::AddCustomContext("kvrope_suite", suite_name(run.options.suite));
+  if (forward) {  // one dtype a forward suite
+    if (run.options.dtype == "bf16") register_forward_benchmarks<__nv_bfloat16>(run, *g_clock, g_case);
+    if (run.options.dtype == "fp16") register_forward_benchmarks<__half>(run, *g_clock, g_case);
+    if (run.options.dtype == "fp32") register_forward_benchmarks<float>(run, *g_clock, g_case);
+  } else {  // the backward's cases each in their own dtype, in table order
+    for (const LeaderboardCase& lc : run.cases) {
+      const std::string& dtype = dtype_of(lc, run.options);
+      if (dtype == "bf16") register_case_benchmarks<__nv_bfloat16>(lc);
+      if (dtype == "fp16") register_case_benchmarks<__half>(lc);
+      if (dtype == "fp32") register_case_benchmarks<float>(lc);
+    }
   }
   benchmark::RunSpecifiedBenchmarks();
   g_case.reset();

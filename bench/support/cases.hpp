@@ -4,7 +4,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <fstream>
+#include <numeric>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,7 +23,30 @@ struct LeaderboardCase {
   int64_t cache_len = 0;  // S_max
   double b200_scoring_baseline_ms = 0;
   double b200_sol_bound_ms = 0;
+  std::string dtype;      // the optional column dtype (bf16, fp16, fp32); empty: --dtype's
+  std::string positions;  // the optional column positions (arange, random, wrap); empty: --positions'
 };
+
+inline bool valid_dtype(const std::string& d) { return d == "bf16" || d == "fp16" || d == "fp32"; }
+inline bool valid_positions(const std::string& p) { return p == "arange" || p == "random" || p == "wrap"; }
+
+// cache_position of a case: arange(S); S distinct random rows of S_max in random order (neither
+// contiguous nor sorted); or one run of S rows starting S/2 before the cache's end, so that it wraps.
+inline std::vector<int64_t> make_positions(const std::string& pattern, int64_t S, int64_t Smax, uint64_t seed) {
+  std::vector<int64_t> p(static_cast<size_t>(S));
+  if (pattern == "random") {
+    std::vector<int64_t> rows(static_cast<size_t>(Smax));
+    std::iota(rows.begin(), rows.end(), int64_t{0});
+    std::mt19937_64 rng(seed);
+    std::shuffle(rows.begin(), rows.end(), rng);
+    std::copy(rows.begin(), rows.begin() + S, p.begin());
+  } else if (pattern == "wrap") {
+    for (int64_t t = 0; t < S; ++t) p[static_cast<size_t>(t)] = (Smax - S / 2 + t) % Smax;
+  } else {
+    std::iota(p.begin(), p.end(), int64_t{0});
+  }
+  return p;
+}
 
 // A size field of a case (a member pointer through an alias: nvcc's host code otherwise trips -Wparentheses).
 using CaseField = int64_t LeaderboardCase::*;
@@ -63,6 +89,11 @@ inline std::vector<LeaderboardCase> read_cases(const std::string& path) {
       if (header[i] == names[c]) col[c] = static_cast<int>(i);
     if (col[c] < 0) bad_table(path, 1, std::string("no column ") + names[c]);
   }
+  int dtype_col = -1, positions_col = -1;  // optional columns
+  for (size_t i = 0; i < header.size(); ++i) {
+    if (header[i] == "dtype") dtype_col = static_cast<int>(i);
+    if (header[i] == "positions") positions_col = static_cast<int>(i);
+  }
   std::vector<LeaderboardCase> cases;
   for (int row = 2; std::getline(in, line); ++row) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -86,6 +117,12 @@ inline std::vector<LeaderboardCase> read_cases(const std::string& path) {
     lc.cache_len = static_cast<int64_t>(v[5]);
     lc.b200_scoring_baseline_ms = v[6];
     lc.b200_sol_bound_ms = v[7];
+    auto optional_cell = [&](int c) { return c >= 0 && static_cast<size_t>(c) < cells.size() ? cells[c] : ""; };
+    lc.dtype = optional_cell(dtype_col);
+    lc.positions = optional_cell(positions_col);
+    if (!lc.dtype.empty() && !valid_dtype(lc.dtype)) bad_table(path, row, "dtype is bf16, fp16 or fp32");
+    if (!lc.positions.empty() && !valid_positions(lc.positions))
+      bad_table(path, row, "positions are arange, random or wrap");
     for (const LeaderboardCase& other : cases)
       if (other.id == lc.id) bad_table(path, row, "case " + std::to_string(lc.id) + " appears twice");
     cases.push_back(lc);

@@ -97,16 +97,8 @@ struct ForwardCaseData : CaseDataBase {
     reset_caches(stream);
 
     pos_h.resize(static_cast<size_t>(S));
-    if (opt.random_positions) {
-      // S distinct rows of S_max in random order: neither contiguous nor sorted.
-      std::vector<Pos> rows(static_cast<size_t>(Smax));
-      std::iota(rows.begin(), rows.end(), Pos{0});
-      std::mt19937_64 rng(seed);
-      std::shuffle(rows.begin(), rows.end(), rng);
-      std::copy(rows.begin(), rows.begin() + S, pos_h.begin());
-    } else {
-      std::iota(pos_h.begin(), pos_h.end(), Pos{0});
-    }
+    const std::vector<int64_t> p = make_positions(positions_of(lc, opt), S, Smax, seed);
+    std::copy(p.begin(), p.end(), pos_h.begin());
     KVROPE_BENCH_CUDA(cudaMemcpy(pos.as<Pos>(), pos_h.data(), pos.bytes(), cudaMemcpyHostToDevice));
     KVROPE_BENCH_CUDA(cudaMemset(error_flag.as<int>(), 0, sizeof(int)));
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));

@@ -92,8 +92,8 @@ inline void print_forward_summary(const Run& run, const ForwardSummary& s) {
   std::printf(
       "\nkvrope_bench summary (--suite=%s): %s, dtype %s, %s, positions %s; in place into the caches, k_out on, "
       "no q; times are CUPTI medians in us\n",
-      suite_name(o.suite), run.device.name.c_str(), o.dtype.c_str(), dims_text(run.cases).c_str(),
-      o.random_positions ? "random" : "arange");
+      suite_name(o.suite), run.device.name.c_str(), dtype_text(run).c_str(), dims_text(run.cases).c_str(),
+      positions_text(run).c_str());
   auto us_of = [&](const ForwardCaseResult& cr, FwdVariant v, bool event = false) {
     const FwdResult* r = find_variant(cr, v);
     return r == nullptr ? nan : event ? r->r.event_median_us : r->r.median_us;
@@ -214,10 +214,9 @@ inline void write_forward_json(const Run& run, const ForwardSummary& s, const st
   for (FwdVariant v : order)  // in the order they ran within a case
     if (fwd_selected(o, v)) variants += std::string(variants.empty() ? "" : ", ") + "\"" + fwd_variant_name(v) + "\"";
   std::string j = "{\n" + device_json(run.device);
-  j += "  \"config\": {\"suite\": " + json_string(suite_name(o.suite)) + ", \"dtype\": " + json_string(o.dtype) +
-       ", \"heads\": " + json_dim(run, &LeaderboardCase::heads) +
-       ", \"head_dim\": " + json_dim(run, &LeaderboardCase::head_dim) + ", \"positions\": \"" +
-       (o.random_positions ? "random" : "arange") +
+  j += "  \"config\": {\"suite\": " + json_string(suite_name(o.suite)) +
+       ", \"dtype\": " + json_string(dtype_text(run)) + ", \"heads\": " + json_dim(run, &LeaderboardCase::heads) +
+       ", \"head_dim\": " + json_dim(run, &LeaderboardCase::head_dim) + ", \"positions\": \"" + positions_text(run) +
        "\", \"position_type\": \"int64\", \"iters\": " + std::to_string(o.iters) +
        ", \"warmup\": " + std::to_string(o.warmup) + ", \"check\": " + json_bool(o.check) +
        ", \"seed\": " + std::to_string(o.seed) + ", \"primer\": " + json_bool(o.primer) +

@@ -146,10 +146,9 @@ inline void write_json(const Run& run, const Summary& s, const std::string& path
   for (Variant v : variant_order(o))  // in the order they ran within a case
     if (selected(o, v)) variants += std::string(variants.empty() ? "" : ", ") + "\"" + variant_name(v) + "\"";
   const std::string clock = clock_text(run);
-  j += "  \"config\": {\"suite\": \"leaderboard\", \"dtype\": " + json_string(o.dtype) +
-       ", \"heads\": " + json_dim(run, &LeaderboardCase::heads) +
-       ", \"head_dim\": " + json_dim(run, &LeaderboardCase::head_dim) + ", \"positions\": \"" +
-       (o.random_positions ? "random" : "arange") +
+  j += "  \"config\": {\"suite\": " + json_string(suite_name(o.suite)) +
+       ", \"dtype\": " + json_string(dtype_text(run)) + ", \"heads\": " + json_dim(run, &LeaderboardCase::heads) +
+       ", \"head_dim\": " + json_dim(run, &LeaderboardCase::head_dim) + ", \"positions\": \"" + positions_text(run) +
        "\", \"position_type\": \"int64\", \"iters\": " + std::to_string(o.iters) +
        ", \"warmup\": " + std::to_string(o.warmup) + ", \"check\": " + json_bool(o.check) +
        ", \"seed\": " + std::to_string(o.seed) + ", \"primer\": " + json_bool(o.primer) +

@@ -14,11 +14,16 @@
 
 #include <kvrope/experimental/launch_policy.cuh>
 
+#include "cases.hpp"
+
 #ifndef KVROPE_BENCH_CASES_CSV  // CMake passes the source tree's table
 #define KVROPE_BENCH_CASES_CSV "bench/sol_execbench_062_cases.csv"
 #endif
 #ifndef KVROPE_BENCH_DECODE_CASES_CSV  // the table of --suite=decode
 #define KVROPE_BENCH_DECODE_CASES_CSV "bench/forward_decode_cases.csv"
+#endif
+#ifndef KVROPE_BENCH_SUITES_DIR  // where the tables of --suite=positions, heads, head-dims, dtypes are
+#define KVROPE_BENCH_SUITES_DIR "bench"
 #endif
 
 namespace kvrope_bench {
@@ -35,17 +40,40 @@ inline const char* variant_name(Variant v) {
   return "?";
 }
 
-// --suite: the backward on the leaderboard's cases (the default), or a forward suite.
-enum class Suite { kLeaderboard, kForward, kDecode, kStyles };
+// --suite: the backward on the leaderboard's cases (the default) or on another table of cases
+// (positions, heads, head-dims, dtypes), or a forward suite.
+enum class Suite { kLeaderboard, kPositions, kHeads, kHeadDims, kDtypes, kForward, kDecode, kStyles };
+constexpr Suite kAllSuites[] = {Suite::kLeaderboard, Suite::kPositions, Suite::kHeads,  Suite::kHeadDims,
+                                Suite::kDtypes,      Suite::kForward,   Suite::kDecode, Suite::kStyles};
 
 inline const char* suite_name(Suite s) {
   switch (s) {
     case Suite::kLeaderboard: return "leaderboard";
+    case Suite::kPositions: return "positions";
+    case Suite::kHeads: return "heads";
+    case Suite::kHeadDims: return "head-dims";
+    case Suite::kDtypes: return "dtypes";
     case Suite::kForward: return "forward";
     case Suite::kDecode: return "decode";
     case Suite::kStyles: return "styles";
   }
   return "?";
+}
+
+// Whether a suite times the forward op (else the backward's variants: fused, inplace, naive).
+inline bool forward_suite(Suite s) { return s == Suite::kForward || s == Suite::kDecode || s == Suite::kStyles; }
+
+// The case table a suite reads unless --cases_csv names another (bench/suite_*.csv: per-case H, D, and
+// the optional columns dtype and positions).
+inline const char* suite_cases_csv(Suite s) {
+  switch (s) {
+    case Suite::kPositions: return KVROPE_BENCH_SUITES_DIR "/suite_positions.csv";
+    case Suite::kHeads: return KVROPE_BENCH_SUITES_DIR "/suite_heads.csv";
+    case Suite::kHeadDims: return KVROPE_BENCH_SUITES_DIR "/suite_head_dims.csv";
+    case Suite::kDtypes: return KVROPE_BENCH_SUITES_DIR "/suite_dtypes.csv";
+    case Suite::kDecode: return KVROPE_BENCH_DECODE_CASES_CSV;
+    default: return KVROPE_BENCH_CASES_CSV;
+  }
 }
 
 // The variants of the forward suites: the fused forward and its naive reference (forward, decode), and the
@@ -102,10 +130,10 @@ inline const TuningFlag* tuning_flag(const std::string& key) {
 struct Options {
   std::vector<int> cases;  // empty: every row of the table
   std::string cases_csv = KVROPE_BENCH_CASES_CSV;
-  bool random_positions = false;
-  std::string dtype = "bf16";
-  int64_t head_dim = 0;  // 0: the table's
-  int64_t heads = 0;     // 0: the table's
+  std::string positions = "arange";  // arange, random or wrap; a table's positions column overrides it
+  std::string dtype = "bf16";        // a table's dtype column overrides it
+  int64_t head_dim = 0;              // 0: the table's
+  int64_t heads = 0;                 // 0: the table's
   int64_t iters = 100;
   int64_t warmup = 3;
   bool check = true;
@@ -123,6 +151,14 @@ struct Options {
   bool tuned() const { return !tuning.empty(); }
 };
 
+// A case's dtype and positions: its table's columns, else the options'.
+inline const std::string& dtype_of(const LeaderboardCase& lc, const Options& o) {
+  return lc.dtype.empty() ? o.dtype : lc.dtype;
+}
+inline const std::string& positions_of(const LeaderboardCase& lc, const Options& o) {
+  return lc.positions.empty() ? o.positions : lc.positions;
+}
+
 // The order of the variants within a case: the naive reference last (or first, with --naive_first).
 // Run just before them it slowed the in-place variant by 3 % (docs/performance-log.md, v15).
 inline const Variant (&variant_order(const Options& opt))[3] {
@@ -139,7 +175,7 @@ inline bool selected(const Options& opt, Variant v) {
 inline std::vector<FwdVariant> fwd_variant_order(const Options& opt) {
   using V = FwdVariant;
   if (opt.suite == Suite::kStyles) return {V::kHalf, V::kInterleaved, V::kHalfR64};
-  if (opt.suite == Suite::kLeaderboard) return {};
+  if (!forward_suite(opt.suite)) return {};
   return opt.naive_first ? std::vector<V>{V::kFwdNaive, V::kFwd} : std::vector<V>{V::kFwd, V::kFwdNaive};
 }
 
@@ -161,8 +197,11 @@ inline Policy tuned_policy(const Options& opt, int cc_major) {
 inline void print_usage() {
   std::printf(
       "kvrope_bench options (besides Google Benchmark's --benchmark_*):\n"
-      "  --suite=leaderboard|forward|decode|styles  (default leaderboard: the backward on the case table;\n"
-      "                              forward: the forward on the same cases, fwd and fwd_naive; decode: the\n"
+      "  --suite=NAME                leaderboard (default): the backward on the case table; positions, heads,\n"
+      "                              head-dims, dtypes: the backward on " KVROPE_BENCH_SUITES_DIR
+      "/suite_NAME.csv\n"
+      "                              (head-dims: suite_head_dims.csv; rows with their own H, D, dtype, positions);\n"
+      "                              forward: the forward on the case table, fwd and fwd_naive; decode: the\n"
       "                              forward on " KVROPE_BENCH_DECODE_CASES_CSV
       ";\n"
       "                              styles: the forward on the case table, half, interleaved, half_r64)\n"
@@ -174,7 +213,8 @@ inline void print_usage() {
       "                              forward and decode: fwd,fwd_naive; styles: half,interleaved,half_r64\n"
       "  --dtype=bf16|fp16|fp32      (default bf16)\n"
       "  --heads=N --head_dim=N      override the table's H and D (8 and 128 in every row)\n"
-      "  --positions=arange|random   cache_position = arange(S), or S distinct random rows of S_max\n"
+      "  --positions=arange|random|wrap  cache_position = arange(S); S distinct random rows of S_max in random\n"
+      "                              order; or one run of S rows that wraps past the cache's end\n"
       "  --iters=N                   timed calls per case and variant (default 100; the protocol wants >= 50)\n"
       "  --warmup=N                  untimed calls before the timed ones (default 3)\n"
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed "
@@ -250,16 +290,17 @@ inline Options parse_options(int* argc, char** argv) {
     } else if (key == "--variants") {
       variants_arg = arg;  // read once the suite is known
     } else if (key == "--suite") {
-      const Suite all[] = {Suite::kLeaderboard, Suite::kForward, Suite::kDecode, Suite::kStyles};
-      const auto* s = std::find_if(std::begin(all), std::end(all), [&](Suite x) { return value == suite_name(x); });
-      if (s == std::end(all)) bad_option(arg, "suites are leaderboard, forward, decode, styles");
+      const auto* s =
+          std::find_if(std::begin(kAllSuites), std::end(kAllSuites), [&](Suite x) { return value == suite_name(x); });
+      if (s == std::end(kAllSuites))
+        bad_option(arg, "suites are leaderboard, positions, heads, head-dims, dtypes, forward, decode, styles");
       opt.suite = *s;
     } else if (key == "--dtype") {
       if (value != "bf16" && value != "fp16" && value != "fp32") bad_option(arg, "dtype is bf16, fp16 or fp32");
       opt.dtype = value;
     } else if (key == "--positions") {
-      if (value != "arange" && value != "random") bad_option(arg, "positions are arange or random");
-      opt.random_positions = value == "random";
+      if (!valid_positions(value)) bad_option(arg, "positions are arange, random or wrap");
+      opt.positions = value;
     } else if (key == "--head_dim") {
       opt.head_dim = parse_int(arg, value, 2);
       if (opt.head_dim % 2 != 0) bad_option(arg, "head_dim must be even");
@@ -305,7 +346,8 @@ inline Options parse_options(int* argc, char** argv) {
   argv[kept] = nullptr;
   const size_t eq = variants_arg.find('=');
   const std::string variants = eq == std::string::npos ? std::string() : variants_arg.substr(eq + 1);
-  if (opt.suite == Suite::kLeaderboard) {
+  if (!cases_csv_given) opt.cases_csv = suite_cases_csv(opt.suite);
+  if (!forward_suite(opt.suite)) {
     if (!variants_arg.empty()) {
       opt.variants.clear();
       for (const auto& p : split_commas(variants)) {
@@ -318,8 +360,7 @@ inline Options parse_options(int* argc, char** argv) {
     if (opt.variants.empty()) bad_option("--variants", "no variant selected");
     return opt;
   }
-  if (!backward_only.empty()) bad_option(backward_only, "a flag of the backward (--suite=leaderboard) only");
-  if (opt.suite == Suite::kDecode && !cases_csv_given) opt.cases_csv = KVROPE_BENCH_DECODE_CASES_CSV;
+  if (!backward_only.empty()) bad_option(backward_only, "a flag of the backward suites only");
   const std::vector<FwdVariant> order = fwd_variant_order(opt);
   std::string names;
   for (FwdVariant v : order) names += std::string(names.empty() ? "" : ", ") + fwd_variant_name(v);

@@ -80,4 +80,15 @@ inline std::string dims_text(const std::vector<LeaderboardCase>& cases) {
   return "H " + one(&LeaderboardCase::heads) + ", D " + one(&LeaderboardCase::head_dim);
 }
 
+// The cases' common dtype or positions, or "per case".
+inline std::string common_text(const std::vector<LeaderboardCase>& cases, const Options& o,
+                               const std::string& (*of)(const LeaderboardCase&, const Options&)) {
+  if (cases.empty()) return of(LeaderboardCase{}, o);
+  for (const LeaderboardCase& lc : cases)
+    if (of(lc, o) != of(cases.front(), o)) return "per case";
+  return of(cases.front(), o);
+}
+inline std::string dtype_text(const Run& run) { return common_text(run.cases, run.options, &dtype_of); }
+inline std::string positions_text(const Run& run) { return common_text(run.cases, run.options, &positions_of); }
+
 }  // namespace kvrope_bench
