@@ -55,55 +55,59 @@ std::pair<at::Tensor, at::Tensor> table_grads(const at::Tensor& cos, bool wanted
   return {at::empty(cos.sizes(), cos.options()), at::empty(cos.sizes(), cos.options())};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda_functional(
-    const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache, const c10::optional<at::Tensor>& key_states,
-    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& cache_position, int64_t rotary_dim, int64_t style,
-    bool table_grads_wanted) {
+// The backward's outputs, allocated, and the call: out of place into new cache-input gradients, or in
+// place (the caches' gradients become them).
+struct BackwardOutputs {
+  at::Tensor gk, gv, gc, gs, gkc, gvc;
+};
+BackwardOutputs backward_into_new(const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache,
+                                  const c10::optional<at::Tensor>& key_states, const at::Tensor& cos,
+                                  const at::Tensor& sin, const at::Tensor& cache_position, int64_t rotary_dim,
+                                  int64_t style, bool table_grads_wanted, bool in_place) {
   const auto B = grad_key_cache.size(0), H = grad_key_cache.size(1), D = grad_key_cache.size(3);
-  at::Tensor gk = at::empty({B, H, cache_position.size(0), D}, grad_key_cache.options()), gv = at::empty_like(gk);
-  at::Tensor gkc = at::empty_like(grad_key_cache), gvc = at::empty_like(grad_value_cache);
-  auto [gc, gs] = table_grads(cos, table_grads_wanted);
+  BackwardOutputs o;
+  o.gk = at::empty({B, H, cache_position.size(0), D}, grad_key_cache.options());
+  o.gv = at::empty_like(o.gk);
+  std::tie(o.gc, o.gs) = table_grads(cos, table_grads_wanted);
+  if (!in_place) {
+    o.gkc = at::empty_like(grad_key_cache);
+    o.gvc = at::empty_like(grad_value_cache);
+  }
+  auto given = [](const at::Tensor& x, bool on) { return on ? c10::optional<at::Tensor>(x) : c10::nullopt; };
   run_backward({grad_key_cache,
                 grad_value_cache,
                 cache_position,
                 cos,
                 sin,
-                gk,
-                gv,
+                o.gk,
+                o.gv,
                 key_states,
-                table_grads_wanted ? c10::optional<at::Tensor>(gc) : c10::nullopt,
-                table_grads_wanted ? c10::optional<at::Tensor>(gs) : c10::nullopt,
-                gkc,
-                gvc,
+                given(o.gc, table_grads_wanted),
+                given(o.gs, table_grads_wanted),
+                given(o.gkc, !in_place),
+                given(o.gvc, !in_place),
                 {},
                 rotary_dim,
                 style});
-  return {gk, gv, gc, gs, gkc, gvc};
+  return o;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda_functional(
+    const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache, const c10::optional<at::Tensor>& key_states,
+    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& cache_position, int64_t rotary_dim, int64_t style,
+    bool table_grads_wanted) {
+  BackwardOutputs o = backward_into_new(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position,
+                                        rotary_dim, style, table_grads_wanted, false);
+  return {o.gk, o.gv, o.gc, o.gs, o.gkc, o.gvc};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda_inplace(
     const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache, const c10::optional<at::Tensor>& key_states,
     const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& cache_position, int64_t rotary_dim, int64_t style,
     bool table_grads_wanted) {
-  const auto B = grad_key_cache.size(0), H = grad_key_cache.size(1), D = grad_key_cache.size(3);
-  at::Tensor gk = at::empty({B, H, cache_position.size(0), D}, grad_key_cache.options()), gv = at::empty_like(gk);
-  auto [gc, gs] = table_grads(cos, table_grads_wanted);
-  run_backward({grad_key_cache,
-                grad_value_cache,
-                cache_position,
-                cos,
-                sin,
-                gk,
-                gv,
-                key_states,
-                table_grads_wanted ? c10::optional<at::Tensor>(gc) : c10::nullopt,
-                table_grads_wanted ? c10::optional<at::Tensor>(gs) : c10::nullopt,
-                {},
-                {},
-                {},
-                rotary_dim,
-                style});
-  return {gk, gv, gc, gs};
+  BackwardOutputs o = backward_into_new(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position,
+                                        rotary_dim, style, table_grads_wanted, true);
+  return {o.gk, o.gv, o.gc, o.gs};
 }
 
 }  // namespace

@@ -59,16 +59,22 @@ inline void* backward_workspace(const at::Tensor& like, cudaStream_t stream) {
   return w.data_ptr();
 }
 
+// The sizes and the rotation both ops' parameters share: B, H, S, D from `rows` [B, H, S, D].
+template <typename Params>
+void set_shape(Params& p, const at::Tensor& rows, int64_t cache_len, int64_t rotary_dim, int64_t style) {
+  p.batch = rows.size(0);
+  p.heads = rows.size(1);
+  p.seq_len = rows.size(2);
+  p.head_dim = rows.size(3);
+  p.cache_len = cache_len;
+  p.rotary_dim = rotary_dim;
+  p.style = style == 0 ? kvrope::RotaryStyle::kRotateHalf : kvrope::RotaryStyle::kInterleaved;
+}
+
 template <typename T, typename Pos>
 void forward_typed(const ForwardTensors& t, cudaStream_t stream) {
   kvrope::ForwardParams<T, Pos> p;
-  p.batch = t.key_states.size(0);
-  p.heads = t.key_states.size(1);
-  p.seq_len = t.key_states.size(2);
-  p.head_dim = t.key_states.size(3);
-  p.cache_len = t.key_cache.size(2);
-  p.rotary_dim = t.rotary_dim;
-  p.style = t.style == 0 ? kvrope::RotaryStyle::kRotateHalf : kvrope::RotaryStyle::kInterleaved;
+  set_shape(p, t.key_states, t.key_cache.size(2), t.rotary_dim, t.style);
   p.key_states = head_rows<const T>(t.key_states);
   p.value_states = head_rows<const T>(t.value_states);
   p.key_cache = head_rows<T>(t.key_cache);
@@ -101,13 +107,7 @@ void forward_typed(const ForwardTensors& t, cudaStream_t stream) {
 template <typename T, typename Pos>
 void backward_typed(const BackwardTensors& t, cudaStream_t stream) {
   auto fill = [&](kvrope::BackwardCommon<T, Pos>& p) {
-    p.batch = t.grad_key_states.size(0);
-    p.heads = t.grad_key_states.size(1);
-    p.seq_len = t.grad_key_states.size(2);
-    p.head_dim = t.grad_key_states.size(3);
-    p.cache_len = t.grad_key_cache.size(2);
-    p.rotary_dim = t.rotary_dim;
-    p.style = t.style == 0 ? kvrope::RotaryStyle::kRotateHalf : kvrope::RotaryStyle::kInterleaved;
+    set_shape(p, t.grad_key_states, t.grad_key_cache.size(2), t.rotary_dim, t.style);
     p.key_states = head_rows<const T>(t.key_states);
     p.cos = token_rows<const T>(t.cos);
     p.sin = token_rows<const T>(t.sin);

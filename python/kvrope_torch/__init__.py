@@ -51,16 +51,21 @@ def _check_positions(name: str, p: torch.Tensor, like: torch.Tensor, shapes) -> 
         raise ValueError(f"kvrope: {name} must be contiguous")
 
 
+def _first_rows(name: str, x: torch.Tensor, dims: str) -> Tuple[int, int, int, int]:
+    """The sizes of the call's first tensor of head rows, whose dtype and device the others must share."""
+    if x.dim() != 4:
+        raise ValueError(f"kvrope: {name} must be [{dims}], got {tuple(x.shape)}")
+    allowed = _CUDA_DTYPES if x.is_cuda else _CPU_DTYPES
+    if x.dtype not in allowed:
+        raise TypeError(f"kvrope: {x.device.type} tensors must be one of {allowed}, not {x.dtype}")
+    if x.shape[3] % 2:
+        raise ValueError(f"kvrope: head_dim must be even, not {x.shape[3]}")
+    return tuple(x.shape)
+
+
 def _check_heads(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  cache_position: torch.Tensor) -> Tuple[int, int, int, int, int]:
-    if k.dim() != 4:
-        raise ValueError(f"kvrope: key_states must be [B, H, S, D], got {tuple(k.shape)}")
-    allowed = _CUDA_DTYPES if k.is_cuda else _CPU_DTYPES
-    if k.dtype not in allowed:
-        raise TypeError(f"kvrope: {k.device.type} tensors must be one of {allowed}, not {k.dtype}")
-    b, h, s, d = k.shape
-    if d % 2:
-        raise ValueError(f"kvrope: head_dim must be even, not {d}")
+    b, h, s, d = _first_rows("key_states", k, "B, H, S, D")
     if key_cache.dim() != 4:
         raise ValueError(f"kvrope: key_cache must be [B, H, S_max, D], got {tuple(key_cache.shape)}")
     s_max = key_cache.shape[2]
@@ -149,14 +154,7 @@ def forward_(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: to
 
 
 def _check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads):
-    if grad_key_cache.dim() != 4:
-        raise ValueError(f"kvrope: grad_key_cache must be [B, H, S_max, D], got {tuple(grad_key_cache.shape)}")
-    allowed = _CUDA_DTYPES if grad_key_cache.is_cuda else _CPU_DTYPES
-    if grad_key_cache.dtype not in allowed:
-        raise TypeError(f"kvrope: {grad_key_cache.device.type} tensors must be one of {allowed}")
-    b, h, s_max, d = grad_key_cache.shape
-    if d % 2:
-        raise ValueError(f"kvrope: head_dim must be even, not {d}")
+    b, h, s_max, d = _first_rows("grad_key_cache", grad_key_cache, "B, H, S_max, D")
     _check_rows("grad_key_cache", grad_key_cache, grad_key_cache, (b, h, s_max, d))
     _check_rows("grad_value_cache", grad_value_cache, grad_key_cache, (b, h, s_max, d))
     if cache_position.dim() != 1:
