@@ -214,15 +214,7 @@ inline void write_forward_json(const Run& run, const ForwardSummary& s, const st
   for (FwdVariant v : order)  // in the order they ran within a case
     if (fwd_selected(o, v)) variants += std::string(variants.empty() ? "" : ", ") + "\"" + fwd_variant_name(v) + "\"";
   std::string j = "{\n" + device_json(run.device);
-  j += "  \"config\": {\"suite\": " + json_string(suite_name(o.suite)) +
-       ", \"dtype\": " + json_string(dtype_text(run)) + ", \"heads\": " + json_dim(run, &LeaderboardCase::heads) +
-       ", \"head_dim\": " + json_dim(run, &LeaderboardCase::head_dim) + ", \"positions\": \"" + positions_text(run) +
-       "\", \"position_type\": \"int64\", \"iters\": " + std::to_string(o.iters) +
-       ", \"warmup\": " + std::to_string(o.warmup) + ", \"check\": " + json_bool(o.check) +
-       ", \"seed\": " + std::to_string(o.seed) + ", \"primer\": " + json_bool(o.primer) +
-       ", \"naive_first\": " + json_bool(o.naive_first) + ", \"flush\": \"" + (o.flush_reads ? "read" : "write") +
-       "\", \"variants\": [" + variants + "], \"clock\": " + json_string(clock_text(run)) +
-       ", \"in_place\": true, \"key_out\": true, \"query_heads\": 0, \"tables\": " +
+  j += config_json_start(run, variants) + ", \"in_place\": true, \"key_out\": true, \"query_heads\": 0, \"tables\": " +
        json_string("per-token cos and sin [B, S, R], batch stride S*R") +
        ", \"cases_csv\": " + json_string(o.cases_csv) + "},\n";
   j += calibration_json(run.calibration);
@@ -231,10 +223,7 @@ inline void write_forward_json(const Run& run, const ForwardSummary& s, const st
   for (const auto& [id, cr] : run.forward_results) {
     j += first_case ? "\n" : ",\n";
     first_case = false;
-    j += "    {\"case\": " + std::to_string(id) + ", \"batch\": " + std::to_string(cr.lc.batch) +
-         ", \"seq_len\": " + std::to_string(cr.lc.seq_len) + ", \"cache_len\": " + std::to_string(cr.lc.cache_len) +
-         ", \"heads\": " + std::to_string(cr.lc.heads) + ", \"head_dim\": " + std::to_string(cr.lc.head_dim) +
-         ",\n     \"variants\": {";
+    j += case_json_start(id, cr.lc) + ",\n     \"variants\": {";
     bool first_variant = true;
     for (const auto& [v, fr] : cr.variants) {
       j += first_variant ? "\n" : ",\n";

@@ -99,6 +99,27 @@ inline std::string clock_text(const Run& run) {
          ") flushed and device synchronized before each call; statistic: median";
 }
 
+// The start of the "config" member every suite writes, "suite" to "clock"; the caller adds its own
+// fields and closes it. `variants`: the JSON strings of the variants, comma-separated.
+inline std::string config_json_start(const Run& run, const std::string& variants) {
+  const Options& o = run.options;
+  return "  \"config\": {\"suite\": " + json_string(suite_name(o.suite)) +
+         ", \"dtype\": " + json_string(dtype_text(run)) + ", \"heads\": " + json_dim(run, &LeaderboardCase::heads) +
+         ", \"head_dim\": " + json_dim(run, &LeaderboardCase::head_dim) + ", \"positions\": \"" + positions_text(run) +
+         "\", \"position_type\": \"int64\", \"iters\": " + std::to_string(o.iters) +
+         ", \"warmup\": " + std::to_string(o.warmup) + ", \"check\": " + json_bool(o.check) +
+         ", \"seed\": " + std::to_string(o.seed) + ", \"primer\": " + json_bool(o.primer) +
+         ", \"naive_first\": " + json_bool(o.naive_first) + ", \"flush\": \"" + (o.flush_reads ? "read" : "write") +
+         "\", \"variants\": [" + variants + "], \"clock\": " + json_string(clock_text(run));
+}
+
+// The start of a case's object in "cases": its id and sizes.
+inline std::string case_json_start(int id, const LeaderboardCase& lc) {
+  return "    {\"case\": " + std::to_string(id) + ", \"batch\": " + std::to_string(lc.batch) +
+         ", \"seq_len\": " + std::to_string(lc.seq_len) + ", \"cache_len\": " + std::to_string(lc.cache_len) +
+         ", \"heads\": " + std::to_string(lc.heads) + ", \"head_dim\": " + std::to_string(lc.head_dim);
+}
+
 // The "calibration" member, with its trailing ",\n".
 inline std::string calibration_json(const Calibration& c) {
   return "  \"calibration\": {\"copy_bytes\": " + std::to_string(c.copy_bytes) +
@@ -145,16 +166,7 @@ inline void write_json(const Run& run, const Summary& s, const std::string& path
   std::string variants;
   for (Variant v : variant_order(o))  // in the order they ran within a case
     if (selected(o, v)) variants += std::string(variants.empty() ? "" : ", ") + "\"" + variant_name(v) + "\"";
-  const std::string clock = clock_text(run);
-  j += "  \"config\": {\"suite\": " + json_string(suite_name(o.suite)) +
-       ", \"dtype\": " + json_string(dtype_text(run)) + ", \"heads\": " + json_dim(run, &LeaderboardCase::heads) +
-       ", \"head_dim\": " + json_dim(run, &LeaderboardCase::head_dim) + ", \"positions\": \"" + positions_text(run) +
-       "\", \"position_type\": \"int64\", \"iters\": " + std::to_string(o.iters) +
-       ", \"warmup\": " + std::to_string(o.warmup) + ", \"check\": " + json_bool(o.check) +
-       ", \"seed\": " + std::to_string(o.seed) + ", \"primer\": " + json_bool(o.primer) +
-       ", \"naive_first\": " + json_bool(o.naive_first) + ", \"flush\": \"" + (o.flush_reads ? "read" : "write") +
-       "\", \"variants\": [" + variants + "], \"clock\": " + json_string(clock) +
-       ", \"fused_workspace\": " + json_bool(o.workspace) + ", \"launch_tuning\": " +
+  j += config_json_start(run, variants) + ", \"fused_workspace\": " + json_bool(o.workspace) + ", \"launch_tuning\": " +
        (o.tuned() ? policy_json(tuned_policy(o, d.major)) : std::string("\"default_tuning\"")) +
        ", \"cases_csv\": " + json_string(o.cases_csv) + "},\n";
   j += calibration_json(run.calibration);
@@ -163,10 +175,7 @@ inline void write_json(const Run& run, const Summary& s, const std::string& path
   for (const auto& [id, cr] : run.results) {
     j += first_case ? "\n" : ",\n";
     first_case = false;
-    j += "    {\"case\": " + std::to_string(id) + ", \"batch\": " + std::to_string(cr.lc.batch) +
-         ", \"seq_len\": " + std::to_string(cr.lc.seq_len) + ", \"cache_len\": " + std::to_string(cr.lc.cache_len) +
-         ", \"heads\": " + std::to_string(cr.lc.heads) + ", \"head_dim\": " + std::to_string(cr.lc.head_dim) +
-         ", \"bytes\": " + json_number(cr.bytes.out_of_place) +
+    j += case_json_start(id, cr.lc) + ", \"bytes\": " + json_number(cr.bytes.out_of_place) +
          ", \"inplace_bytes\": " + json_number(cr.bytes.in_place) + ", \"floor_us\": " + json_number(cr.floor_us) +
          ", \"inplace_floor_us\": " + json_number(cr.inplace_floor_us) +
          ", \"b200_scoring_baseline_ms\": " + json_number(cr.lc.b200_scoring_baseline_ms) +

@@ -259,6 +259,25 @@ inline std::string describe(const char* name, int64_t b, int64_t j, int64_t s, i
   return os.str();
 }
 
+// Runs check(b, expect) for every batch b, in parallel. expect(ok, name, j, s, d, got, want) counts one
+// compared element and keeps the first failure's description; the tally of all batches is returned.
+template <typename F>
+CheckResult check_batches(int64_t batches, F&& check) {
+  Tally tally;
+  parallel_for(batches, [&](int64_t b) {
+    int64_t checked = 0, bad = 0;
+    std::string first;
+    auto expect = [&](bool ok, const char* name, int64_t j, int64_t s, int64_t d, double got, double want) {
+      ++checked;
+      if (ok) return;
+      if (bad++ == 0) first = describe(name, b, j, s, d, got, want);
+    };
+    check(b, expect);
+    tally.add(checked, bad, first);
+  });
+  return tally.result();
+}
+
 }  // namespace detail
 
 //! Compares a call's outputs (host copies) with the float64 reference computed from host copies of
@@ -274,15 +293,7 @@ CheckResult check_backward(const BackwardParams<T, Pos>& in, const BackwardOutpu
   std::vector<char> written(static_cast<size_t>(L), 0);
   for (int64_t t = 0; t < S; ++t)
     if (int64_t r = cache_row(in, t); r >= 0) written[r] = 1;
-  detail::Tally tally;
-  detail::parallel_for(B, [&](int64_t b) {
-    int64_t checked = 0, bad = 0;
-    std::string first;
-    auto expect = [&](bool ok, const char* name, int64_t j, int64_t s, int64_t d, double got, double want) {
-      ++checked;
-      if (ok) return;
-      if (bad++ == 0) first = detail::describe(name, b, j, s, d, got, want);
-    };
+  return detail::check_batches(B, [&](int64_t b, const auto& expect) {
     for (int64_t t = 0; t < S; ++t) {
       const int64_t r = cache_row(in, t);
       for (int64_t j = 0; j < H; ++j) {
@@ -329,9 +340,7 @@ CheckResult check_backward(const BackwardParams<T, Pos>& in, const BackwardOutpu
           }
         }
     }
-    tally.add(checked, bad, first);
   });
-  return tally.result();
 }
 
 }  // namespace kvrope::reference

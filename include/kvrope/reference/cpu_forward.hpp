@@ -182,15 +182,7 @@ CheckResult check_forward(const ForwardParams<T, Pos>& in, const ForwardOutputs<
   const bool check_key_out = in.key_out.data && out.key_out.data;
   const bool check_query = in.query_heads > 0 && out.query.data;
   const HeadRows<const T> query_before = detail::query_before(in);
-  detail::Tally tally;
-  detail::parallel_for(B, [&](int64_t b) {
-    int64_t checked = 0, bad = 0;
-    std::string first;
-    auto expect = [&](bool ok, const char* name, int64_t j, int64_t s, int64_t d, double got, double want) {
-      ++checked;
-      if (ok) return;
-      if (bad++ == 0) first = detail::describe(name, b, j, s, d, got, want);
-    };
+  return detail::check_batches(B, [&](int64_t b, const auto& expect) {
     // One head row of a rotated output: RoPE(x) when the token is valid, else `before` unchanged.
     auto expect_rope = [&](const char* name, const T* got, const T* x, const T* before, int64_t j, int64_t s, int64_t t,
                            bool valid) {
@@ -223,9 +215,7 @@ CheckResult check_forward(const ForwardParams<T, Pos>& in, const ForwardOutputs<
       for (int64_t i = 0; i < in.query_heads && check_query; ++i)
         expect_rope("query", out.query.row(b, i, t), in.query.row(b, i, t), query_before.row(b, i, t), i, t, t, valid);
     }
-    tally.add(checked, bad, first);
   });
-  return tally.result();
 }
 
 }  // namespace kvrope::reference
