@@ -3,8 +3,9 @@
 H = 8, D = 128, bf16, cache_position = arange(S), tables [B, S, D]): the eager reference, torch.compile
 of it and the kvrope ops, for the backward (out of place and in place) and the forward (in place,
 RoPE(k) returned). Each call runs after an L2 flush (a write of twice the L2) and a synchronize; it is
-timed by CUDA events (launch included) and by its GPU kernel span from CUPTI through torch.profiler
-(first kernel start to last kernel end, the flush's kernels left out). Medians of --iters calls.
+timed by CUDA events (launch and the host's time in the call included; profiler off) and, in a second
+loop, by its GPU kernel span from CUPTI through torch.profiler (first kernel start to last kernel end,
+the flush's kernels and in-place calls' fresh copies left out). Medians of --iters calls.
 
     python3 bench/torch_compare.py [--iters 30] [--cases 1,2,...] [--json out.json]
 """
@@ -63,13 +64,21 @@ def eager_forward_(k, v, k_cache, v_cache, cos, sin, pos):  # apply_rotary_pos_e
 # --- the clock ---------------------------------------------------------------------------------------
 
 class Clock:
+    """The protocol of docs/spec.md section 5.3 from Python: before each timed call, prepare() (untimed),
+    an L2 flush (a write of twice the L2, new values each call) and a synchronize."""
+
     def __init__(self):
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
         self.flush_buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
-        self.flush_kernels = self._kernel_names(lambda: self.flush())
+        self.flush_kernels = self._kernel_names(self.flush)
+        self.marker_kernels = self._kernel_names(self.mark)
 
     def flush(self):
-        self.flush_buf.fill_(7)
+        self.flush_buf.random_()
+
+    @staticmethod
+    def mark():  # a kernel of its own name after each timed call: the end of its kernels in the trace
+        torch.cuda._sleep(1)
 
     @staticmethod
     def _kernel_names(fn):
@@ -78,39 +87,47 @@ class Clock:
             torch.cuda.synchronize()
         return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
+    def _flushed(self, prepare):
+        prepare()
+        self.flush()
+        torch.cuda.synchronize()
+
     def time(self, prepare, call, iters):
-        """(CUDA-event median us, CUPTI kernel-span median us) of call() after prepare() and the flush."""
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        """(CUDA-event median us, CUPTI kernel-span median us) of call(). The event clock runs in a loop of
+        its own with the profiler off, whose per-op records would add host time to every call; the kernel
+        spans (first kernel start to last kernel end, between the flush and the marker) in a second loop
+        under the profiler."""
         for _ in range(3):  # warm-up (compilation, autotuning, allocator)
             prepare()
             call()
         torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         event_us = []
+        for _ in range(iters):
+            self._flushed(prepare)
+            start.record()
+            call()
+            stop.record()
+            torch.cuda.synchronize()
+            event_us.append(1e3 * start.elapsed_time(stop))
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(iters):
-                prepare()
-                self.flush()
-                torch.cuda.synchronize()
-                start.record()
+                self._flushed(prepare)
                 call()
-                stop.record()
+                self.mark()
                 torch.cuda.synchronize()
-                event_us.append(1e3 * start.elapsed_time(stop))
         kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                          if e.device_type == torch.autograd.DeviceType.CUDA)
-        spans, current = [], None
-        for s, e, name in kernels:  # the flush's kernels separate the calls; prepare()'s come before them
+        spans, current = [], None  # a call's kernels: after a flush kernel, before the marker
+        for s, e, name in kernels:
             if name in self.flush_kernels:
-                if current is not None:
-                    spans.append(current[1] - current[0])
+                current = []
+            elif name in self.marker_kernels:
+                if current:
+                    spans.append(max(end for _, end in current) - min(begin for begin, _ in current))
                 current = None
-                continue
-            if current is None:
-                current = [s, e]
-            else:
-                current[1] = max(current[1], e)
-        if current is not None:
-            spans.append(current[1] - current[0])
+            elif current is not None:
+                current.append((s, e))
         return statistics.median(event_us), statistics.median(spans) if spans else float("nan")
 
 

@@ -50,4 +50,14 @@ echo
 printf '%s\n' "${summary[@]}"
 [[ -f "$out/torch_compare.log" ]] && sed -n '/geometric means/,$p' "$out/torch_compare.log"
 [[ -f "$out/bench.log" ]] && grep -E "^(fused|inplace) geomean us" "$out/bench.log"
+if [[ -f "$out/torch_compare.json" && -f "$out/bench.json" ]]; then  # the op's kernel time against the bench's
+  python3 - "$out/torch_compare.json" "$out/bench.json" <<'PY'
+import json, math, sys
+t, b = (json.load(open(p)) for p in sys.argv[1:3])
+fused = {c["case"]: c["variants"]["fused"]["median_us"] for c in b["cases"]}
+r = [c["bwd_kvrope"][1] / fused[c["case"]] for c in t["cases"] if c["case"] in fused]
+print(f"bwd_kvrope CUPTI / kvrope_bench fused: geomean {math.exp(sum(map(math.log, r)) / len(r)):.3f}, "
+      f"per case {min(r):.3f}-{max(r):.3f}")
+PY
+fi
 (cd "$out" && tar czf 0-all-logs.tgz --exclude=0-all-logs.tgz . 2>/dev/null)

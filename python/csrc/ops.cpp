@@ -1,6 +1,7 @@
-// The kvrope ops' schemas (namespace kvrope) and their CUDA implementations. The CPU implementations,
-// the fake (meta) ones and autograd are registered in Python (kvrope_torch/_ops.py). Tensors arrive
-// checked by the Python API; kvrope's validate() checks them again before any launch.
+// The kvrope ops' schemas (namespace kvrope), their CUDA implementations and the argument checks as
+// ops of their own. The CPU implementations, the fake (meta) ones and autograd are registered in
+// Python (kvrope_torch/_ops.py). Every implementation checks its arguments (checks.cpp) before any
+// launch; kvrope's validate() checks them again.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -36,17 +37,24 @@ void forward_inplace_cuda(const at::Tensor& key_states, const at::Tensor& value_
                           const c10::optional<at::Tensor>& query, const c10::optional<at::Tensor>& query_out,
                           const c10::optional<at::Tensor>& key_out, const c10::optional<at::Tensor>& error_flag,
                           int64_t rotary_dim, int64_t style) {
-  run_forward({key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache, position_ids,
-               query, query_out, key_out, error_flag, rotary_dim, style});
+  ForwardTensors t{key_states,   value_states, key_cache, value_cache, cache_position, cos,        sin,  cos_sin_cache,
+                   position_ids, query,        query_out, key_out,     error_flag,     rotary_dim, style};
+  t.rotary_dim = check_forward(t);
+  run_forward(t);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cuda_functional(
     const at::Tensor& key_states, const at::Tensor& value_states, const at::Tensor& key_cache,
     const at::Tensor& value_cache, const at::Tensor& cache_position, const at::Tensor& cos, const at::Tensor& sin,
     int64_t rotary_dim, int64_t style) {
-  at::Tensor kc = key_cache.clone(), vc = value_cache.clone(), ko = at::empty_like(key_states);
-  run_forward({key_states, value_states, kc, vc, cache_position, cos, sin, {}, {}, {}, {}, ko, {}, rotary_dim, style});
-  return {kc, vc, ko};
+  ForwardTensors t{key_states, value_states, key_cache, value_cache, cache_position, cos,  sin, {}, {},
+                   {},         {},           {},        {},          rotary_dim,     style};
+  t.rotary_dim = check_forward(t);
+  t.key_cache = key_cache.clone();
+  t.value_cache = value_cache.clone();
+  t.key_out = at::empty_like(key_states);
+  run_forward(t);
+  return {t.key_cache, t.value_cache, *t.key_out};
 }
 
 // The table gradients' shape: that of the tables ([B, S, R], or [1, S, R] when shared: summed over B).
@@ -64,6 +72,8 @@ BackwardOutputs backward_into_new(const at::Tensor& grad_key_cache, const at::Te
                                   const c10::optional<at::Tensor>& key_states, const at::Tensor& cos,
                                   const at::Tensor& sin, const at::Tensor& cache_position, int64_t rotary_dim,
                                   int64_t style, bool table_grads_wanted, bool in_place) {
+  rotary_dim = check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim,
+                              table_grads_wanted);
   const auto B = grad_key_cache.size(0), H = grad_key_cache.size(1), D = grad_key_cache.size(3);
   BackwardOutputs o;
   o.gk = at::empty({B, H, cache_position.size(0), D}, grad_key_cache.options());
@@ -110,6 +120,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda_inplace
   return {o.gk, o.gv, o.gc, o.gs};
 }
 
+int64_t check_forward_op(const at::Tensor& key_states, const at::Tensor& value_states, const at::Tensor& key_cache,
+                         const at::Tensor& value_cache, const at::Tensor& cache_position,
+                         const c10::optional<at::Tensor>& cos, const c10::optional<at::Tensor>& sin,
+                         const c10::optional<at::Tensor>& cos_sin_cache, const c10::optional<at::Tensor>& position_ids,
+                         const c10::optional<at::Tensor>& query, const c10::optional<at::Tensor>& query_out,
+                         const c10::optional<at::Tensor>& key_out, const c10::optional<at::Tensor>& error_flag,
+                         int64_t rotary_dim) {
+  return check_forward({key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
+                        position_ids, query, query_out, key_out, error_flag, rotary_dim, 0});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(kvrope, m) {
@@ -133,6 +154,20 @@ TORCH_LIBRARY(kvrope, m) {
       "backward_(Tensor(a!) grad_key_cache, Tensor(b!) grad_value_cache, Tensor? key_states, Tensor cos, "
       "Tensor sin, Tensor cache_position, int rotary_dim=0, int style=0, bool table_grads=True) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
+  // The checks of forward / forward_ and of backward / backward_ (the CPU implementations call them):
+  // an error names the argument; else the tables' rotary dim R.
+  m.def(
+      "_check_forward(Tensor key_states, Tensor value_states, Tensor key_cache, Tensor value_cache, "
+      "Tensor cache_position, Tensor? cos, Tensor? sin, Tensor? cos_sin_cache, Tensor? position_ids, "
+      "Tensor? query, Tensor? query_out, Tensor? key_out, Tensor? error_flag, int rotary_dim=0) -> int");
+  m.def(
+      "_check_backward(Tensor grad_key_cache, Tensor grad_value_cache, Tensor? key_states, Tensor cos, Tensor sin, "
+      "Tensor cache_position, int rotary_dim=0, bool table_grads=True) -> int");
+}
+
+TORCH_LIBRARY_IMPL(kvrope, CompositeExplicitAutograd, m) {
+  m.impl("_check_forward", &check_forward_op);
+  m.impl("_check_backward", &check_backward);
 }
 
 TORCH_LIBRARY_IMPL(kvrope, CUDA, m) {

@@ -1,5 +1,5 @@
-// The CUDA side of kvrope_torch: the tensors of each op, checked by the Python layer and by
-// kvrope's own validate(), and the per-dtype entry points (ops_cuda_*.cu).
+// The C++ side of kvrope_torch: the tensors of each op, their checks (checks.cpp) and the per-dtype
+// CUDA entry points (ops_cuda_*.cu).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -22,6 +22,13 @@ struct BackwardTensors {
   c10::optional<at::Tensor> key_states, grad_cos, grad_sin, grad_key_cache_input, grad_value_cache_input, error_flag;
   int64_t rotary_dim = 0, style = 0;
 };
+
+//! The forward's checks (every tensor of `t`); returns the rotary dim R of its tables.
+int64_t check_forward(const ForwardTensors& t);
+//! The backward's checks (inputs only: the op allocates its outputs); returns the rotary dim R.
+int64_t check_backward(const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache,
+                       const c10::optional<at::Tensor>& key_states, const at::Tensor& cos, const at::Tensor& sin,
+                       const at::Tensor& cache_position, int64_t rotary_dim, bool table_grads);
 
 enum class DType : int { kBf16, kFp16, kFp32 };
 

@@ -21,7 +21,7 @@ using Elem = std::conditional_t<kDType == DType::kBf16, __nv_bfloat16,
                                 std::conditional_t<kDType == DType::kFp16, __half, float>>;
 
 template <typename T>
-kvrope::HeadRows<T> head_rows(const at::Tensor& x) {  // [B, H, L, D], last dim contiguous (checked in Python)
+kvrope::HeadRows<T> head_rows(const at::Tensor& x) {  // [B, H, L, D], last dim contiguous (checks.cpp)
   return {reinterpret_cast<T*>(x.data_ptr()), x.stride(0), x.stride(1), x.stride(2)};
 }
 template <typename T>

@@ -47,19 +47,25 @@ def _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_po
 @torch.library.impl("kvrope::forward_", "cpu")
 def _forward_inplace_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                          position_ids, query, query_out, key_out, error_flag, rotary_dim=0, style=0):
+    ops._check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
+                       position_ids, query, query_out, key_out, error_flag, rotary_dim)
     _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                       position_ids, query, query_out, key_out, error_flag, style)
 
 
 @torch.library.impl("kvrope::forward", "cpu")
 def _forward_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim=0, style=0):
+    ops._check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, None, None, None,
+                       None, None, None, rotary_dim)
     kc, vc, ko = key_cache.clone(), value_cache.clone(), torch.empty_like(key_states)
     _forward_cpu_into(key_states, value_states, kc, vc, cache_position, cos, sin, None, None, None, None, ko, None,
                       style)
     return kc, vc, ko
 
 
-def _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, style, table_grads):
+def _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
+                        table_grads):
+    ops._check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, table_grads)
     ct = m.compute_dtype(grad_key_cache.dtype)
     dtype, cache_len = grad_key_cache.dtype, grad_key_cache.shape[2]
     rows, in_range = m.rows_of(cache_position, cache_len)
@@ -78,7 +84,7 @@ def _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin, 
 def _backward_cpu(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim=0, style=0,
                   table_grads=True):
     gk, gv, gc, gs, named = _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin,
-                                                cache_position, style, table_grads)
+                                                cache_position, rotary_dim, style, table_grads)
     gkc, gvc = grad_key_cache.clone(), grad_value_cache.clone()
     gkc[:, :, named] = 0
     gvc[:, :, named] = 0
@@ -89,7 +95,7 @@ def _backward_cpu(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_
 def _backward_inplace_cpu(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim=0,
                           style=0, table_grads=True):
     gk, gv, gc, gs, named = _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin,
-                                                cache_position, style, table_grads)
+                                                cache_position, rotary_dim, style, table_grads)
     grad_key_cache[:, :, named] = 0
     grad_value_cache[:, :, named] = 0
     return gk, gv, gc, gs
@@ -141,9 +147,13 @@ def _forward_backward(ctx, grad_key_cache, grad_value_cache, grad_key_out):
     key_states, cos, sin, cache_position = ctx.saved_tensors
     need = ctx.needs_input_grad
     table_grads = need[5] or need[6]
-    zeros = lambda: key_states.new_zeros(ctx.cache_shape)  # noqa: E731  (an output whose gradient is absent)
-    gk, gv, gc, gs, gkc, gvc = ops.backward(zeros() if grad_key_cache is None else grad_key_cache,
-                                            zeros() if grad_value_cache is None else grad_value_cache,
+
+    def rows(g):  # an absent gradient is zeros; an expanded one (of a sum: stride 0) is made contiguous
+        if g is None:
+            return key_states.new_zeros(ctx.cache_shape)
+        return g if g.stride(-1) == 1 else g.contiguous()
+
+    gk, gv, gc, gs, gkc, gvc = ops.backward(rows(grad_key_cache), rows(grad_value_cache),
                                             key_states if table_grads else None, cos, sin, cache_position,
                                             ctx.rotary_dim, ctx.style, table_grads)
     if grad_key_out is not None:  # RoPE(k) returned and used: its gradient joins k's and the tables'

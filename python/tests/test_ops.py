@@ -171,14 +171,16 @@ def test_cpu_repeats_and_table_cache():
     torch.testing.assert_close(q.double(), q_ref, rtol=1e-6, atol=1e-6)
 
 
-def test_errors_are_clear():
-    k, v, kc, vc, pos, cos, sin = small(dtype=torch.float32)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_errors_are_clear(device):
+    """Every op checks its arguments (csrc/checks.cpp) before any launch, on each device alike."""
+    k, v, kc, vc, pos, cos, sin = small(dtype=torch.float32, device=device)
     with pytest.raises(TypeError, match="int32 or int64"):
         kvrope_torch.forward(k, v, kc, vc, pos.float(), cos, sin)
     with pytest.raises(ValueError, match="key_cache has shape"):
         kvrope_torch.forward(k, v, kc[:, :2], vc, pos, cos, sin)
     with pytest.raises(TypeError, match="one dtype"):
-        kvrope_torch.forward(k, v.double(), kc, vc, pos, cos, sin)
+        kvrope_torch.forward(k, v.half(), kc, vc, pos, cos, sin)
     with pytest.raises(ValueError, match="style"):
         kvrope_torch.forward(k, v, kc, vc, pos, cos, sin, style="neox")
     with pytest.raises(ValueError, match="contiguous"):
@@ -186,6 +188,17 @@ def test_errors_are_clear():
                              .contiguous().transpose(1, 2))
     with pytest.raises(ValueError, match="rotary dim"):
         kvrope_torch.forward(k, v, kc, vc, pos, cos[..., :3], sin[..., :3])
+    with pytest.raises(ValueError, match="give either cos and sin or cos_sin_cache"):
+        kvrope_torch.forward_(k, v, kc, vc, pos, cos, sin, cos_sin_cache=cos[0], position_ids=pos)
+    with pytest.raises(ValueError, match="query_out needs query"):
+        kvrope_torch.forward_(k, v, kc, vc, pos, cos, sin, query_out=k.clone())
+    gk, gv = torch.randn_like(kc), torch.randn_like(vc)
+    with pytest.raises(ValueError, match="table gradients need key_states"):
+        kvrope_torch.backward(gk, gv, None, cos, sin, pos)
+    with pytest.raises(ValueError, match="last dim must be contiguous"):  # an expanded gradient, stride 0
+        kvrope_torch.backward_(gk, torch.ones(1, device=device).expand_as(gv), k, cos, sin, pos)
+    with pytest.raises(ValueError, match="rotary_dim 4 differs"):
+        torch.ops.kvrope.backward(gk, gv, k, cos, sin, pos, 4, 0, True)
 
 
 def test_compile_matches_eager():
