@@ -1,16 +1,25 @@
-// Every op's argument checks, before any launch: an error names the argument and what was expected
-// (TypeError for a dtype, ValueError otherwise). The CUDA implementations call them in C++, so a call
-// pays no Python for them; the CPU implementations (Python) call them through the ops
-// kvrope::_check_forward and kvrope::_check_backward. kvrope's own validate() checks again (strides,
-// alignment) before the launch.
+// The CUDA ops' argument checks, before any launch: an error names the argument and what was expected
+// (TypeError for a dtype, ValueError otherwise). In C++, so that a call pays no Python for them; CPU
+// tensors are checked by the Python API with the same messages (kvrope_torch/_checks.py). kvrope's own
+// validate() checks again (strides, alignment) before the launch.
 #include <ATen/ATen.h>
 
-#include <initializer_list>
+#include <array>
+#include <string>
 
 #include "ops.h"
 
 namespace kvrope_torch {
 namespace {
+
+// "[2, 3, 9, 8]". Messages get numbers as strings (std::to_string), never streamed: on the H200
+// machine's build (g++ 13, torch 2.11) an int64 or IntArrayRef streamed into a check's message crashed
+// the process when the check failed (docs/benchmarks.md, "PyTorch comparison").
+std::string dims(at::IntArrayRef a) {
+  std::string out = "[";
+  for (size_t i = 0; i < a.size(); ++i) out += (i ? ", " : "") + std::to_string(a[i]);
+  return out + "]";
+}
 
 // The tensor the others are compared with: its name, dtype and device.
 struct Like {
@@ -19,37 +28,38 @@ struct Like {
 };
 
 void check_rows(const char* name, const at::Tensor& x, const Like& like, at::IntArrayRef shape) {
-  TORCH_CHECK_VALUE(x.device() == like.x.device(), "kvrope: ", name, " is on ", x.device(), ", ", like.name, " on ",
-                    like.x.device());
-  TORCH_CHECK_TYPE(x.scalar_type() == like.x.scalar_type(), "kvrope: ", name, " is ", x.scalar_type(), ", ", like.name,
-                   " ", like.x.scalar_type(), ": every float tensor has one dtype");
-  TORCH_CHECK_VALUE(x.sizes() == shape, "kvrope: ", name, " has shape ", x.sizes(), ", expected ", shape);
+  TORCH_CHECK_VALUE(x.device() == like.x.device(), "kvrope: ", name, " is on ", x.device().str(), ", ", like.name,
+                    " on ", like.x.device().str());
+  TORCH_CHECK_TYPE(x.scalar_type() == like.x.scalar_type(), "kvrope: ", name, " is ", c10::toString(x.scalar_type()),
+                   ", ", like.name, " ", c10::toString(like.x.scalar_type()), ": every float tensor has one dtype");
+  TORCH_CHECK_VALUE(x.sizes() == shape, "kvrope: ", name, " has shape ", dims(x.sizes()), ", expected ", dims(shape));
   TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, "kvrope: ", name,
-                    "'s last dim must be contiguous (stride 1), not ", x.stride(-1));
+                    "'s last dim must be contiguous (stride 1), not ", std::to_string(x.stride(-1)));
 }
 
-void check_positions(const char* name, const at::Tensor& p, const Like& like,
-                     std::initializer_list<at::IntArrayRef> shapes) {
-  TORCH_CHECK_VALUE(p.device() == like.x.device(), "kvrope: ", name, " is on ", p.device(), ", ", like.name, " on ",
-                    like.x.device());
+// Positions [S], or also [B, S] where batch > 0.
+void check_positions(const char* name, const at::Tensor& p, const Like& like, int64_t s, int64_t batch = 0) {
+  TORCH_CHECK_VALUE(p.device() == like.x.device(), "kvrope: ", name, " is on ", p.device().str(), ", ", like.name,
+                    " on ", like.x.device().str());
   TORCH_CHECK_TYPE(p.scalar_type() == at::kInt || p.scalar_type() == at::kLong, "kvrope: ", name,
-                   " must be int32 or int64, not ", p.scalar_type());
-  bool shape_ok = false;
-  for (const at::IntArrayRef& s : shapes) shape_ok = shape_ok || p.sizes() == s;
-  TORCH_CHECK_VALUE(
-      shape_ok, "kvrope: ", name, " has shape ", p.sizes(), ", expected ",
-      shapes.size() == 1 ? c10::str(*shapes.begin()) : c10::str(shapes.begin()[0], " or ", shapes.begin()[1]));
+                   " must be int32 or int64, not ", c10::toString(p.scalar_type()));
+  const bool flat = p.dim() == 1 && p.size(0) == s;
+  const bool batched = batch > 0 && p.dim() == 2 && p.size(0) == batch && p.size(1) == s;
+  TORCH_CHECK_VALUE(flat || batched, "kvrope: ", name, " has shape ", dims(p.sizes()), ", expected [",
+                    std::to_string(s), "]",
+                    batch > 0 ? " or [" + std::to_string(batch) + ", " + std::to_string(s) + "]" : std::string());
   TORCH_CHECK_VALUE(p.numel() == 0 || p.stride(-1) == 1, "kvrope: ", name, " must be contiguous");
 }
 
-// The call's first tensor of head rows [dims]: 4-d, a supported dtype on its device, D even.
-void check_first_rows(const char* name, const at::Tensor& x, const char* dims) {
-  TORCH_CHECK_VALUE(x.dim() == 4, "kvrope: ", name, " must be [", dims, "], got ", x.sizes());
+// The call's first tensor of head rows [layout]: 4-d, a supported dtype on its device, D even.
+void check_first_rows(const char* name, const at::Tensor& x, const char* layout) {
+  TORCH_CHECK_VALUE(x.dim() == 4, "kvrope: ", name, " must be [", layout, "], got ", dims(x.sizes()));
   const auto t = x.scalar_type();
   const bool ok = t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || (!x.is_cuda() && t == at::kDouble);
-  TORCH_CHECK_TYPE(ok, "kvrope: ", x.device().type(), " tensors must be bfloat16, float16, float32",
-                   x.is_cuda() ? "" : " or float64", ", not ", t);
-  TORCH_CHECK_VALUE(x.size(3) % 2 == 0, "kvrope: head_dim must be even, not ", x.size(3));
+  TORCH_CHECK_TYPE(ok, "kvrope: ", c10::DeviceTypeName(x.device().type(), /*lower_case=*/true),
+                   " tensors must be bfloat16, float16, float32", x.is_cuda() ? "" : " or float64", ", not ",
+                   c10::toString(t));
+  TORCH_CHECK_VALUE(x.size(3) % 2 == 0, "kvrope: head_dim must be even, not ", std::to_string(x.size(3)));
 }
 
 // Per-token tables [B or 1, S, R]; returns R.
@@ -59,10 +69,12 @@ int64_t check_tables(const c10::optional<at::Tensor>& cos, const c10::optional<a
                     "kvrope: give cos and sin (per-token tables), or cos_sin_cache and position_ids");
   const at::Tensor& c = *cos;
   TORCH_CHECK_VALUE(c.dim() == 3 && (c.size(0) == 1 || c.size(0) == b) && c.size(1) == s,
-                    "kvrope: cos must be [B, S, R] or [1, S, R] with B=", b, ", S=", s, ", got ", c.sizes());
+                    "kvrope: cos must be [B, S, R] or [1, S, R] with B=", std::to_string(b), ", S=", std::to_string(s),
+                    ", got ", dims(c.sizes()));
   const int64_t r = c.size(2);
   TORCH_CHECK_VALUE(r % 2 == 0 && r > 0 && r <= d,
-                    "kvrope: the rotary dim R = cos.shape[-1] must be even and in (0, D=", d, "], not ", r);
+                    "kvrope: the rotary dim R = cos.shape[-1] must be even and in (0, D=", std::to_string(d), "], not ",
+                    std::to_string(r));
   check_rows("cos", c, like, c.sizes());
   check_rows("sin", *sin, like, c.sizes());
   return r;
@@ -70,7 +82,8 @@ int64_t check_tables(const c10::optional<at::Tensor>& cos, const c10::optional<a
 
 // The op's rotary_dim argument: 0 (the tables' R) or R itself.
 int64_t rotary_dim_of(int64_t given, int64_t r) {
-  TORCH_CHECK_VALUE(given == 0 || given == r, "kvrope: rotary_dim ", given, " differs from the tables' R = ", r);
+  TORCH_CHECK_VALUE(given == 0 || given == r, "kvrope: rotary_dim ", std::to_string(given),
+                    " differs from the tables' R = ", std::to_string(r));
   return r;
 }
 
@@ -80,25 +93,28 @@ int64_t check_forward(const ForwardTensors& t) {
   check_first_rows("key_states", t.key_states, "B, H, S, D");
   const Like k{"key_states", t.key_states};
   const int64_t b = t.key_states.size(0), h = t.key_states.size(1), s = t.key_states.size(2), d = t.key_states.size(3);
-  TORCH_CHECK_VALUE(t.key_cache.dim() == 4, "kvrope: key_cache must be [B, H, S_max, D], got ", t.key_cache.sizes());
+  TORCH_CHECK_VALUE(t.key_cache.dim() == 4, "kvrope: key_cache must be [B, H, S_max, D], got ",
+                    dims(t.key_cache.sizes()));
   const int64_t s_max = t.key_cache.size(2);
-  check_rows("value_states", t.value_states, k, {b, h, s, d});
-  check_rows("key_cache", t.key_cache, k, {b, h, s_max, d});
-  check_rows("value_cache", t.value_cache, k, {b, h, s_max, d});
-  check_positions("cache_position", t.cache_position, k, {{s}});
+  const std::array<int64_t, 4> token_rows{b, h, s, d}, cache_rows{b, h, s_max, d};  // (named: shapes are views)
+  check_rows("value_states", t.value_states, k, token_rows);
+  check_rows("key_cache", t.key_cache, k, cache_rows);
+  check_rows("value_cache", t.value_cache, k, cache_rows);
+  check_positions("cache_position", t.cache_position, k, s);
   int64_t r = 0;
   if (t.cos_sin_cache.has_value()) {
     const at::Tensor& c = *t.cos_sin_cache;
     TORCH_CHECK_VALUE(!t.cos.has_value() && !t.sin.has_value(),
                       "kvrope: give either cos and sin or cos_sin_cache, not both");
     TORCH_CHECK_VALUE(c.dim() == 2 && c.size(1) % 2 == 0 && c.size(1) > 0 && c.size(1) <= d,
-                      "kvrope: cos_sin_cache must be [max_pos, R] with R even in (0, D=", d, "], got ", c.sizes());
+                      "kvrope: cos_sin_cache must be [max_pos, R] with R even in (0, D=", std::to_string(d), "], got ",
+                      dims(c.sizes()));
     TORCH_CHECK_TYPE((c.scalar_type() == t.key_states.scalar_type() || c.scalar_type() == at::kFloat) &&
                          c.device() == t.key_states.device(),
                      "kvrope: cos_sin_cache must be on key_states' device, in its dtype or float32");
     TORCH_CHECK_VALUE(c.is_contiguous(), "kvrope: cos_sin_cache must be contiguous");
     TORCH_CHECK_VALUE(t.position_ids.has_value(), "kvrope: cos_sin_cache needs position_ids");
-    check_positions("position_ids", *t.position_ids, k, {{s}, {b, s}});
+    check_positions("position_ids", *t.position_ids, k, s, b);
     TORCH_CHECK_TYPE(t.position_ids->scalar_type() == t.cache_position.scalar_type(),
                      "kvrope: position_ids and cache_position must have one dtype");
     r = c.size(1);
@@ -108,7 +124,8 @@ int64_t check_forward(const ForwardTensors& t) {
   if (t.query.has_value()) {
     const at::Tensor& q = *t.query;
     TORCH_CHECK_VALUE(q.dim() == 4 && q.size(0) == b && q.size(2) == s && q.size(3) == d,
-                      "kvrope: query must be [B, Hq, S, D] with B=", b, ", S=", s, ", D=", d, ", got ", q.sizes());
+                      "kvrope: query must be [B, Hq, S, D] with B=", std::to_string(b), ", S=", std::to_string(s),
+                      ", D=", std::to_string(d), ", got ", dims(q.sizes()));
     check_rows("query", q, k, q.sizes());
     if (t.query_out.has_value()) check_rows("query_out", *t.query_out, k, q.sizes());
   } else {
@@ -130,13 +147,15 @@ int64_t check_backward(const at::Tensor& grad_key_cache, const at::Tensor& grad_
   const Like g{"grad_key_cache", grad_key_cache};
   const int64_t b = grad_key_cache.size(0), h = grad_key_cache.size(1), d = grad_key_cache.size(3);
   check_rows("grad_value_cache", grad_value_cache, g, grad_key_cache.sizes());
-  TORCH_CHECK_VALUE(cache_position.dim() == 1, "kvrope: cache_position must be [S], got ", cache_position.sizes());
+  TORCH_CHECK_VALUE(cache_position.dim() == 1, "kvrope: cache_position must be [S], got ",
+                    dims(cache_position.sizes()));
   const int64_t s = cache_position.size(0);
-  check_positions("cache_position", cache_position, g, {{s}});
+  check_positions("cache_position", cache_position, g, s);
   const int64_t r = check_tables(cos, sin, g, b, s, d);
   if (table_grads) {
     TORCH_CHECK_VALUE(key_states.has_value(), "kvrope: table gradients need key_states");
-    check_rows("key_states", *key_states, g, {b, h, s, d});
+    const std::array<int64_t, 4> token_rows{b, h, s, d};
+    check_rows("key_states", *key_states, g, token_rows);
   }
   return rotary_dim_of(rotary_dim, r);
 }

@@ -1,7 +1,6 @@
-// The kvrope ops' schemas (namespace kvrope), their CUDA implementations and the argument checks as
-// ops of their own. The CPU implementations, the fake (meta) ones and autograd are registered in
-// Python (kvrope_torch/_ops.py). Every implementation checks its arguments (checks.cpp) before any
-// launch; kvrope's validate() checks them again.
+// The kvrope ops' schemas (namespace kvrope) and their CUDA implementations, which check their
+// arguments (checks.cpp) before any launch; kvrope's validate() checks them again. The CPU
+// implementations, the fake (meta) ones and autograd are registered in Python (kvrope_torch/_ops.py).
 #include <Python.h>
 #include <torch/library.h>
 
@@ -120,17 +119,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda_inplace
   return {o.gk, o.gv, o.gc, o.gs};
 }
 
-int64_t check_forward_op(const at::Tensor& key_states, const at::Tensor& value_states, const at::Tensor& key_cache,
-                         const at::Tensor& value_cache, const at::Tensor& cache_position,
-                         const c10::optional<at::Tensor>& cos, const c10::optional<at::Tensor>& sin,
-                         const c10::optional<at::Tensor>& cos_sin_cache, const c10::optional<at::Tensor>& position_ids,
-                         const c10::optional<at::Tensor>& query, const c10::optional<at::Tensor>& query_out,
-                         const c10::optional<at::Tensor>& key_out, const c10::optional<at::Tensor>& error_flag,
-                         int64_t rotary_dim) {
-  return check_forward({key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
-                        position_ids, query, query_out, key_out, error_flag, rotary_dim, 0});
-}
-
 }  // namespace
 
 TORCH_LIBRARY(kvrope, m) {
@@ -154,20 +142,6 @@ TORCH_LIBRARY(kvrope, m) {
       "backward_(Tensor(a!) grad_key_cache, Tensor(b!) grad_value_cache, Tensor? key_states, Tensor cos, "
       "Tensor sin, Tensor cache_position, int rotary_dim=0, int style=0, bool table_grads=True) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
-  // The checks of forward / forward_ and of backward / backward_ (the CPU implementations call them):
-  // an error names the argument; else the tables' rotary dim R.
-  m.def(
-      "_check_forward(Tensor key_states, Tensor value_states, Tensor key_cache, Tensor value_cache, "
-      "Tensor cache_position, Tensor? cos, Tensor? sin, Tensor? cos_sin_cache, Tensor? position_ids, "
-      "Tensor? query, Tensor? query_out, Tensor? key_out, Tensor? error_flag, int rotary_dim=0) -> int");
-  m.def(
-      "_check_backward(Tensor grad_key_cache, Tensor grad_value_cache, Tensor? key_states, Tensor cos, Tensor sin, "
-      "Tensor cache_position, int rotary_dim=0, bool table_grads=True) -> int");
-}
-
-TORCH_LIBRARY_IMPL(kvrope, CompositeExplicitAutograd, m) {
-  m.impl("_check_forward", &check_forward_op);
-  m.impl("_check_backward", &check_backward);
 }
 
 TORCH_LIBRARY_IMPL(kvrope, CUDA, m) {

@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _ops
+from . import _checks, _ops
 from ._math import INTERLEAVED, ROTATE_HALF
 
 __all__ = ["forward", "forward_", "backward", "backward_", "ERROR_POSITION_OUT_OF_RANGE",
@@ -19,8 +19,9 @@ __all__ = ["forward", "forward_", "backward", "backward_", "ERROR_POSITION_OUT_O
 ERROR_POSITION_OUT_OF_RANGE = _ops.ERROR_POSITION_OUT_OF_RANGE
 ERROR_POSITION_ID_OUT_OF_RANGE = _ops.ERROR_POSITION_ID_OUT_OF_RANGE
 _STYLES = {"rotate_half": ROTATE_HALF, "interleaved": INTERLEAVED}
-# The overloads themselves: calling them skips the packet's overload resolution (the API is thin so that
-# a call costs little host time; every op checks its arguments in C++, csrc/checks.cpp).
+# The overloads themselves: calling them skips the packet's overload resolution. The API checks every call
+# in Python first (_checks.py); the CUDA ops check again in C++ (csrc/checks.cpp), for calls that reach them
+# without the API (torch.ops, compiled graphs).
 _forward, _forward_inplace = _ops.ops.forward.default, _ops.ops.forward_.default
 _backward, _backward_inplace = _ops.ops.backward.default, _ops.ops.backward_.default
 
@@ -41,6 +42,8 @@ def forward(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: tor
     Repeated positions: the last token naming a row wins; a position outside [-S_max, S_max) writes no
     row. Gradients flow to k, v, cos, sin and both incoming caches through ``kvrope::backward``
     (docs/spec.md section 1: with a repeated row every token receives that row's gradient)."""
+    b, _, s, _, d = _checks.check_heads(key_states, value_states, key_cache, value_cache, cache_position)
+    _checks.check_tables(cos, sin, key_states, b, s, d)
     return _forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, 0, _style(style))
 
 
@@ -56,6 +59,8 @@ def forward_(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: to
     fp32) indexed by ``position_ids`` [S] or [B, S] (the dtype of ``cache_position``). ``error_flag``,
     an int32 tensor of one element, gets ERROR_POSITION_OUT_OF_RANGE / ERROR_POSITION_ID_OUT_OF_RANGE
     OR-ed in (read it after the stream; the call itself never synchronizes)."""
+    _checks.check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin,
+                           cos_sin_cache, position_ids, query, query_out, key_out, error_flag)
     _forward_inplace(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                      position_ids, query, query_out, key_out, error_flag, 0, _style(style))
 
@@ -66,6 +71,7 @@ def backward(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_s
     """The backward, out of place: (grad k, grad v, grad cos, grad sin, grad of the incoming key cache,
     of the incoming value cache). grad cos / sin have the tables' shape (summed over the batch for
     [1, S, R] tables) and are empty when ``table_grads`` is False (then key_states may be None)."""
+    _checks.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads)
     return _backward(grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin, cache_position,
                      0, _style(style), table_grads)
 
@@ -75,5 +81,6 @@ def backward_(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_
               table_grads: bool = True) -> Tuple[torch.Tensor, ...]:
     """The backward, in place: returns (grad k, grad v, grad cos, grad sin); grad_key_cache and
     grad_value_cache become the incoming caches' gradients (their rows cache_position zeroed)."""
+    _checks.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads)
     return _backward_inplace(grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
                              cache_position, 0, _style(style), table_grads)

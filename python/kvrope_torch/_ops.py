@@ -11,6 +11,12 @@ ERROR_POSITION_OUT_OF_RANGE, ERROR_POSITION_ID_OUT_OF_RANGE = 1, 2
 
 
 # --- CPU implementations: the semantics of docs/spec.md, in plain torch ---------------------------
+# (The API checks their tensors first, kvrope_torch/_checks.py; the op's own argument here.)
+
+def _check_rotary_dim(rotary_dim, table):
+    if table is not None and rotary_dim not in (0, table.shape[-1]):
+        raise ValueError(f"kvrope: rotary_dim {rotary_dim} differs from the tables' R = {table.shape[-1]}")
+
 
 def _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                       position_ids, query, query_out, key_out, error_flag, style):
@@ -47,16 +53,14 @@ def _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_po
 @torch.library.impl("kvrope::forward_", "cpu")
 def _forward_inplace_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                          position_ids, query, query_out, key_out, error_flag, rotary_dim=0, style=0):
-    ops._check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
-                       position_ids, query, query_out, key_out, error_flag, rotary_dim)
+    _check_rotary_dim(rotary_dim, cos if cos is not None else cos_sin_cache)
     _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                       position_ids, query, query_out, key_out, error_flag, style)
 
 
 @torch.library.impl("kvrope::forward", "cpu")
 def _forward_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim=0, style=0):
-    ops._check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, None, None, None,
-                       None, None, None, rotary_dim)
+    _check_rotary_dim(rotary_dim, cos)
     kc, vc, ko = key_cache.clone(), value_cache.clone(), torch.empty_like(key_states)
     _forward_cpu_into(key_states, value_states, kc, vc, cache_position, cos, sin, None, None, None, None, ko, None,
                       style)
@@ -65,7 +69,7 @@ def _forward_cpu(key_states, value_states, key_cache, value_cache, cache_positio
 
 def _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
                         table_grads):
-    ops._check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, table_grads)
+    _check_rotary_dim(rotary_dim, cos)
     ct = m.compute_dtype(grad_key_cache.dtype)
     dtype, cache_len = grad_key_cache.dtype, grad_key_cache.shape[2]
     rows, in_range = m.rows_of(cache_position, cache_len)

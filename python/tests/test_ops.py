@@ -173,7 +173,7 @@ def test_cpu_repeats_and_table_cache():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 def test_errors_are_clear(device):
-    """Every op checks its arguments (csrc/checks.cpp) before any launch, on each device alike."""
+    """The API checks every call (kvrope_torch/_checks.py); a CUDA op called directly checks in C++."""
     k, v, kc, vc, pos, cos, sin = small(dtype=torch.float32, device=device)
     with pytest.raises(TypeError, match="int32 or int64"):
         kvrope_torch.forward(k, v, kc, vc, pos.float(), cos, sin)
