@@ -80,11 +80,11 @@ int64_t check_tables(const c10::optional<at::Tensor>& cos, const c10::optional<a
   return r;
 }
 
-// The op's rotary_dim argument: 0 (the tables' R) or R itself.
-int64_t rotary_dim_of(int64_t given, int64_t r) {
+// The op's rotary_dim argument: 0 (the tables' R) or R itself. Returns kvrope's rotary_dim: R, or 0 for R = D.
+int64_t rotary_dim_of(int64_t given, int64_t r, int64_t d) {
   TORCH_CHECK_VALUE(given == 0 || given == r, "kvrope: rotary_dim ", std::to_string(given),
                     " differs from the tables' R = ", std::to_string(r));
-  return r;
+  return r == d ? 0 : r;
 }
 
 }  // namespace
@@ -137,7 +137,7 @@ int64_t check_forward(const ForwardTensors& t) {
     TORCH_CHECK_VALUE(f.scalar_type() == at::kInt && f.numel() == 1 && f.device() == t.key_states.device(),
                       "kvrope: error_flag must be an int32 tensor of one element on key_states' device");
   }
-  return rotary_dim_of(t.rotary_dim, r);
+  return rotary_dim_of(t.rotary_dim, r, d);
 }
 
 int64_t check_backward(const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache,
@@ -157,7 +157,7 @@ int64_t check_backward(const at::Tensor& grad_key_cache, const at::Tensor& grad_
     const std::array<int64_t, 4> token_rows{b, h, s, d};
     check_rows("key_states", *key_states, g, token_rows);
   }
-  return rotary_dim_of(rotary_dim, r);
+  return rotary_dim_of(rotary_dim, r, d);
 }
 
 }  // namespace kvrope_torch
