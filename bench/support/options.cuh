@@ -296,7 +296,7 @@ inline Options parse_options(int* argc, char** argv) {
         bad_option(arg, "suites are leaderboard, positions, heads, head-dims, dtypes, forward, decode, styles");
       opt.suite = *s;
     } else if (key == "--dtype") {
-      if (value != "bf16" && value != "fp16" && value != "fp32") bad_option(arg, "dtype is bf16, fp16 or fp32");
+      if (!valid_dtype(value)) bad_option(arg, "dtype is bf16, fp16 or fp32");
       opt.dtype = value;
     } else if (key == "--positions") {
       if (!valid_positions(value)) bad_option(arg, "positions are arange, random or wrap");

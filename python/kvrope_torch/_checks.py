@@ -9,6 +9,11 @@ _CUDA_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _CPU_DTYPES = _CUDA_DTYPES + (torch.float64,)
 
 
+def _check_last_dim(name: str, x: torch.Tensor) -> None:
+    if x.numel() > 0 and x.stride(-1) != 1:
+        raise ValueError(f"kvrope: {name}'s last dim must be contiguous (stride 1), not {x.stride(-1)}")
+
+
 def _check_rows(name: str, x: torch.Tensor, like: torch.Tensor, shape) -> None:
     if x.device != like.device:
         raise ValueError(f"kvrope: {name} is on {x.device}, key_states on {like.device}")
@@ -16,8 +21,7 @@ def _check_rows(name: str, x: torch.Tensor, like: torch.Tensor, shape) -> None:
         raise TypeError(f"kvrope: {name} is {x.dtype}, key_states {like.dtype}: every float tensor has one dtype")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"kvrope: {name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
-    if x.numel() > 0 and x.stride(-1) != 1:
-        raise ValueError(f"kvrope: {name}'s last dim must be contiguous (stride 1), not {x.stride(-1)}")
+    _check_last_dim(name, x)
 
 
 def _check_positions(name: str, p: torch.Tensor, like: torch.Tensor, shapes) -> None:
@@ -49,7 +53,7 @@ def check_heads(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value
     if key_cache.dim() != 4:
         raise ValueError(f"kvrope: key_cache must be [B, H, S_max, D], got {tuple(key_cache.shape)}")
     s_max = key_cache.shape[2]
-    _check_rows("key_states", k, k, (b, h, s, d))
+    _check_last_dim("key_states", k)  # (its shape, dtype and device are the ones the others must have)
     _check_rows("value_states", v, k, (b, h, s, d))
     _check_rows("key_cache", key_cache, k, (b, h, s_max, d))
     _check_rows("value_cache", value_cache, k, (b, h, s_max, d))
@@ -57,7 +61,7 @@ def check_heads(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value
     return b, h, s, s_max, d
 
 
-def check_tables(cos: torch.Tensor, sin: torch.Tensor, like: torch.Tensor, b: int, s: int, d: int) -> int:
+def check_tables(cos: torch.Tensor, sin: torch.Tensor, like: torch.Tensor, b: int, s: int, d: int) -> None:
     if cos is None or sin is None:
         raise ValueError("kvrope: give cos and sin (per-token tables), or cos_sin_cache and position_ids")
     if cos.dim() != 3 or cos.shape[0] not in (1, b) or cos.shape[1] != s:
@@ -67,7 +71,6 @@ def check_tables(cos: torch.Tensor, sin: torch.Tensor, like: torch.Tensor, b: in
         raise ValueError(f"kvrope: the rotary dim R = cos.shape[-1] must be even and in (0, D={d}], not {r}")
     _check_rows("cos", cos, like, cos.shape)
     _check_rows("sin", sin, like, cos.shape)
-    return r
 
 
 def check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
@@ -105,17 +108,16 @@ def check_forward_(key_states, value_states, key_cache, value_cache, cache_posit
         raise ValueError("kvrope: error_flag must be an int32 tensor of one element on key_states' device")
 
 
-def check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads):
+def check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads) -> None:
     b, h, s_max, d = _first_rows("grad_key_cache", grad_key_cache, "B, H, S_max, D")
-    _check_rows("grad_key_cache", grad_key_cache, grad_key_cache, (b, h, s_max, d))
+    _check_last_dim("grad_key_cache", grad_key_cache)
     _check_rows("grad_value_cache", grad_value_cache, grad_key_cache, (b, h, s_max, d))
     if cache_position.dim() != 1:
         raise ValueError(f"kvrope: cache_position must be [S], got {tuple(cache_position.shape)}")
     s = cache_position.shape[0]
     _check_positions("cache_position", cache_position, grad_key_cache, [(s,)])
-    r = check_tables(cos, sin, grad_key_cache, b, s, d)
+    check_tables(cos, sin, grad_key_cache, b, s, d)
     if table_grads:
         if key_states is None:
             raise ValueError("kvrope: table gradients need key_states")
         _check_rows("key_states", key_states, grad_key_cache, (b, h, s, d))
-    return 0 if r == d else r
