@@ -1,7 +1,7 @@
 // The CUDA ops' argument checks, before any launch: an error names the argument and what was expected
-// (TypeError for a dtype, ValueError otherwise). In C++, so that a call pays no Python for them; CPU
-// tensors are checked by the Python API with the same messages (kvrope_torch/_checks.py). kvrope's own
-// validate() checks again (strides, alignment) before the launch.
+// (TypeError for a dtype, ValueError otherwise). In C++, so that a call pays no Python for them; the CPU
+// ops check in Python with the same messages (kvrope_torch/_checks.py). kvrope's own validate() checks
+// again (strides, alignment) before the launch.
 #include <ATen/ATen.h>
 
 #include <array>

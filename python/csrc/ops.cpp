@@ -1,8 +1,12 @@
 // The kvrope ops' schemas (namespace kvrope) and their CUDA implementations, which check their
 // arguments (checks.cpp) before any launch; kvrope's validate() checks them again. The CPU
 // implementations, the fake (meta) ones and autograd are registered in Python (kvrope_torch/_ops.py).
-#include <Python.h>
+#include <Python.h>  // (first, as Python asks)
+
+#include <ATen/cuda/EmptyTensor.h>
 #include <torch/library.h>
+
+#include <array>
 
 #include "ops.h"
 
@@ -56,14 +60,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cuda_functional(
   return {t.key_cache, t.value_cache, *t.key_out};
 }
 
-// The table gradients' shape: that of the tables ([B, S, R], or [1, S, R] when shared: summed over B).
-std::pair<at::Tensor, at::Tensor> table_grads(const at::Tensor& cos, bool wanted) {
-  if (!wanted) return {cos.new_empty({0}), cos.new_empty({0})};
-  return {at::empty(cos.sizes(), cos.options()), at::empty(cos.sizes(), cos.options())};
+// A contiguous tensor of `sizes` like `like` (a CUDA tensor), allocated without a trip through the
+// dispatcher: each output costs a call host time (docs/benchmarks.md, "PyTorch comparison"). Every
+// output has an allocation of its own: torch's custom-op contract (opcheck) has outputs alias nothing.
+at::Tensor empty_rows(at::IntArrayRef sizes, const at::Tensor& like) {
+  return at::Tensor(at::detail::empty_cuda(sizes, like.scalar_type(), like.device(), c10::nullopt));
 }
 
-// The backward's outputs, allocated, and the call: out of place into new cache-input gradients, or in
-// place (the caches' gradients become them).
+// The backward's outputs, contiguous (as the CPU and fake implementations make them), and the call:
+// out of place into new cache-input gradients, or in place (the caches' gradients become them). The
+// table gradients have the tables' shape ([B, S, R], or [1, S, R] when shared: summed over B), or
+// none without table gradients.
 struct BackwardOutputs {
   at::Tensor gk, gv, gc, gs, gkc, gvc;
 };
@@ -74,13 +81,18 @@ BackwardOutputs backward_into_new(const at::Tensor& grad_key_cache, const at::Te
   rotary_dim = check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim,
                               table_grads_wanted);
   const auto B = grad_key_cache.size(0), H = grad_key_cache.size(1), D = grad_key_cache.size(3);
-  BackwardOutputs o;
-  o.gk = at::empty({B, H, cache_position.size(0), D}, grad_key_cache.options());
-  o.gv = at::empty_like(o.gk);
-  std::tie(o.gc, o.gs) = table_grads(cos, table_grads_wanted);
+  const std::array<int64_t, 4> token_rows{B, H, cache_position.size(0), D};
+  const std::array<int64_t, 1> none{0};
+  const at::IntArrayRef table = table_grads_wanted ? cos.sizes() : at::IntArrayRef(none);
+  BackwardOutputs o{empty_rows(token_rows, grad_key_cache),
+                    empty_rows(token_rows, grad_key_cache),
+                    empty_rows(table, cos),
+                    empty_rows(table, cos),
+                    {},
+                    {}};
   if (!in_place) {
-    o.gkc = at::empty_like(grad_key_cache);
-    o.gvc = at::empty_like(grad_value_cache);
+    o.gkc = empty_rows(grad_key_cache.sizes(), grad_key_cache);
+    o.gvc = empty_rows(grad_value_cache.sizes(), grad_value_cache);
   }
   auto given = [](const at::Tensor& x, bool on) { return on ? c10::optional<at::Tensor>(x) : c10::nullopt; };
   run_backward({grad_key_cache,

@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _checks, _ops
+from . import _ops
 from ._math import INTERLEAVED, ROTATE_HALF
 
 __all__ = ["forward", "forward_", "backward", "backward_", "ERROR_POSITION_OUT_OF_RANGE",
@@ -19,11 +19,16 @@ __all__ = ["forward", "forward_", "backward", "backward_", "ERROR_POSITION_OUT_O
 ERROR_POSITION_OUT_OF_RANGE = _ops.ERROR_POSITION_OUT_OF_RANGE
 ERROR_POSITION_ID_OUT_OF_RANGE = _ops.ERROR_POSITION_ID_OUT_OF_RANGE
 _STYLES = {"rotate_half": ROTATE_HALF, "interleaved": INTERLEAVED}
-# The overloads themselves: calling them skips the packet's overload resolution. The API checks every call
-# in Python first (_checks.py); the CUDA ops check again in C++ (csrc/checks.cpp), for calls that reach them
-# without the API (torch.ops, compiled graphs).
+# The overloads themselves: calling them skips the packet's overload resolution. The ops check their
+# arguments before any work, with one set of messages: the CUDA ones in C++ (csrc/checks.cpp), the CPU ones
+# in Python (_checks.py). The API adds only what the schemas cannot say (a table given as None).
 _forward, _forward_inplace = _ops.ops.forward.default, _ops.ops.forward_.default
 _backward, _backward_inplace = _ops.ops.backward.default, _ops.ops.backward_.default
+
+
+def _tables(cos: Optional[torch.Tensor], sin: Optional[torch.Tensor]) -> None:
+    if cos is None or sin is None:
+        raise ValueError("kvrope: give cos and sin (per-token tables), or cos_sin_cache and position_ids")
 
 
 def _style(style: str) -> int:
@@ -42,8 +47,7 @@ def forward(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: tor
     Repeated positions: the last token naming a row wins; a position outside [-S_max, S_max) writes no
     row. Gradients flow to k, v, cos, sin and both incoming caches through ``kvrope::backward``
     (docs/spec.md section 1: with a repeated row every token receives that row's gradient)."""
-    b, _, s, _, d = _checks.check_heads(key_states, value_states, key_cache, value_cache, cache_position)
-    _checks.check_tables(cos, sin, key_states, b, s, d)
+    _tables(cos, sin)
     return _forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, 0, _style(style))
 
 
@@ -59,8 +63,6 @@ def forward_(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: to
     fp32) indexed by ``position_ids`` [S] or [B, S] (the dtype of ``cache_position``). ``error_flag``,
     an int32 tensor of one element, gets ERROR_POSITION_OUT_OF_RANGE / ERROR_POSITION_ID_OUT_OF_RANGE
     OR-ed in (read it after the stream; the call itself never synchronizes)."""
-    _checks.check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin,
-                           cos_sin_cache, position_ids, query, query_out, key_out, error_flag)
     _forward_inplace(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                      position_ids, query, query_out, key_out, error_flag, 0, _style(style))
 
@@ -71,7 +73,7 @@ def backward(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_s
     """The backward, out of place: (grad k, grad v, grad cos, grad sin, grad of the incoming key cache,
     of the incoming value cache). grad cos / sin have the tables' shape (summed over the batch for
     [1, S, R] tables) and are empty when ``table_grads`` is False (then key_states may be None)."""
-    _checks.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads)
+    _tables(cos, sin)
     return _backward(grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin, cache_position,
                      0, _style(style), table_grads)
 
@@ -81,6 +83,6 @@ def backward_(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_
               table_grads: bool = True) -> Tuple[torch.Tensor, ...]:
     """The backward, in place: returns (grad k, grad v, grad cos, grad sin); grad_key_cache and
     grad_value_cache become the incoming caches' gradients (their rows cache_position zeroed)."""
-    _checks.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads)
+    _tables(cos, sin)
     return _backward_inplace(grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
                              cache_position, 0, _style(style), table_grads)

@@ -1,6 +1,5 @@
-"""The API's argument checks, in Python, before any op runs: an error names the argument (TypeError for a
-dtype, ValueError otherwise). The CUDA ops check again in C++ with the same messages (csrc/checks.cpp),
-for calls that reach them without the API. Why both, and what they cost a call: python/README.md."""
+"""The CPU ops' argument checks, before any work: an error names the argument (TypeError for a dtype,
+ValueError otherwise). The CUDA ops check in C++ with the same messages (csrc/checks.cpp)."""
 from typing import Tuple
 
 import torch

@@ -4,6 +4,7 @@ CUDA implementations are in the C++ extension (csrc/ops.cpp)."""
 import torch
 
 from . import _C  # noqa: F401  (registers the schemas and the CUDA kernels)
+from . import _checks
 from . import _math as m
 
 ops = torch.ops.kvrope
@@ -11,7 +12,7 @@ ERROR_POSITION_OUT_OF_RANGE, ERROR_POSITION_ID_OUT_OF_RANGE = 1, 2
 
 
 # --- CPU implementations: the semantics of docs/spec.md, in plain torch ---------------------------
-# (The API checks their tensors first, kvrope_torch/_checks.py; the op's own argument here.)
+# Each checks its arguments first (_checks.py), with the messages of the CUDA ops' C++ checks.
 
 def _check_rotary_dim(rotary_dim, table):
     if table is not None and rotary_dim not in (0, table.shape[-1]):
@@ -53,6 +54,8 @@ def _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_po
 @torch.library.impl("kvrope::forward_", "cpu")
 def _forward_inplace_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                          position_ids, query, query_out, key_out, error_flag, rotary_dim=0, style=0):
+    _checks.check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin,
+                           cos_sin_cache, position_ids, query, query_out, key_out, error_flag)
     _check_rotary_dim(rotary_dim, cos if cos is not None else cos_sin_cache)
     _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                       position_ids, query, query_out, key_out, error_flag, style)
@@ -60,6 +63,8 @@ def _forward_inplace_cpu(key_states, value_states, key_cache, value_cache, cache
 
 @torch.library.impl("kvrope::forward", "cpu")
 def _forward_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim=0, style=0):
+    b, _, s, _, d = _checks.check_heads(key_states, value_states, key_cache, value_cache, cache_position)
+    _checks.check_tables(cos, sin, key_states, b, s, d)
     _check_rotary_dim(rotary_dim, cos)
     kc, vc, ko = key_cache.clone(), value_cache.clone(), torch.empty_like(key_states)
     _forward_cpu_into(key_states, value_states, kc, vc, cache_position, cos, sin, None, None, None, None, ko, None,
@@ -69,6 +74,7 @@ def _forward_cpu(key_states, value_states, key_cache, value_cache, cache_positio
 
 def _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
                         table_grads):
+    _checks.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads)
     _check_rotary_dim(rotary_dim, cos)
     ct = m.compute_dtype(grad_key_cache.dtype)
     dtype, cache_len = grad_key_cache.dtype, grad_key_cache.shape[2]
@@ -79,9 +85,9 @@ def _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin, 
                                  style, table_grads)
     gv = torch.where(mask, grad_value_cache[:, :, rows], 0)
     empty = cos.new_empty(0)
-    gc = gc.to(dtype) if table_grads else empty
-    gs = gs.to(dtype) if table_grads else empty
-    return gk.to(dtype), gv, gc, gs, rows[in_range]
+    gc = gc.to(dtype).contiguous() if table_grads else empty
+    gs = gs.to(dtype).contiguous() if table_grads else empty
+    return gk.to(dtype).contiguous(), gv.contiguous(), gc, gs, rows[in_range]
 
 
 @torch.library.impl("kvrope::backward", "cpu")
@@ -89,7 +95,8 @@ def _backward_cpu(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_
                   table_grads=True):
     gk, gv, gc, gs, named = _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin,
                                                 cache_position, rotary_dim, style, table_grads)
-    gkc, gvc = grad_key_cache.clone(), grad_value_cache.clone()
+    gkc = grad_key_cache.clone(memory_format=torch.contiguous_format)
+    gvc = grad_value_cache.clone(memory_format=torch.contiguous_format)
     gkc[:, :, named] = 0
     gvc[:, :, named] = 0
     return gk, gv, gc, gs, gkc, gvc
@@ -106,6 +113,7 @@ def _backward_inplace_cpu(grad_key_cache, grad_value_cache, key_states, cos, sin
 
 
 # --- fake implementations: shapes for torch.compile and opcheck ------------------------------------
+# The backward's outputs are contiguous whatever the inputs' strides, as the CPU and CUDA ops make them.
 
 @torch.library.register_fake("kvrope::forward")
 def _forward_fake(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim=0, style=0):
@@ -121,15 +129,15 @@ def _forward_inplace_fake(key_states, value_states, key_cache, value_cache, cach
 def _backward_fake_parts(grad_key_cache, cos, cache_position, table_grads):
     b, h, _, d = grad_key_cache.shape
     gk = grad_key_cache.new_empty((b, h, cache_position.shape[0], d))
-    tables = (torch.empty_like(cos), torch.empty_like(cos)) if table_grads else (cos.new_empty(0), cos.new_empty(0))
+    tables = (cos.new_empty(cos.shape), cos.new_empty(cos.shape)) if table_grads else (cos.new_empty(0), cos.new_empty(0))
     return gk, torch.empty_like(gk), *tables
 
 
 @torch.library.register_fake("kvrope::backward")
 def _backward_fake(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim=0, style=0,
                    table_grads=True):
-    return (*_backward_fake_parts(grad_key_cache, cos, cache_position, table_grads), torch.empty_like(grad_key_cache),
-            torch.empty_like(grad_value_cache))
+    return (*_backward_fake_parts(grad_key_cache, cos, cache_position, table_grads),
+            grad_key_cache.new_empty(grad_key_cache.shape), grad_value_cache.new_empty(grad_value_cache.shape))
 
 
 @torch.library.register_fake("kvrope::backward_")

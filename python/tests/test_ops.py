@@ -1,10 +1,11 @@
-"""kvrope_torch's ops against the tests' eager reference (reference.py): opcheck and gradcheck on the
-CPU, every op on CPU and CUDA, torch.compile against eager. CUDA tests are skipped without a device."""
+"""kvrope_torch's ops against the tests' eager reference (reference.py): opcheck (CPU and CUDA) and
+gradcheck (CPU), every op on CPU and CUDA, torch.compile against eager. CUDA tests are skipped without a device."""
 import os
 import random
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kvrope_torch
 from reference import (apply_rotary, forward, forward_sequential, rotary_abs_sum, within_tolerance, wrap)
@@ -86,16 +87,20 @@ def check_backward(inputs, style, dtype, outs, table_grads=True, in_place_caches
     return gK, gV
 
 
-# --- the op's contract, checked by torch (CPU, float64) ----------------------------------------------
+# --- the op's contract, checked by torch (float64 on the CPU, float32 on CUDA) -------------------
 
 def small(dtype=torch.float64, device="cpu", r=8, **kw):
     return make(2, 3, 5, 9, 8 if r <= 8 else r, r, dtype, device, **kw)
 
 
 @pytest.mark.parametrize("style", STYLES)
-def test_opcheck(style):
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_opcheck(style, layout, device):
+    """torch's checks of each op, the fake implementations' shapes and strides among them."""
     st = 0 if style == "rotate_half" else 1
-    k, v, kc, vc, pos, cos, sin = small(positions="scattered")
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    k, v, kc, vc, pos, cos, sin = small(dtype, device, positions="scattered", layout=layout)
     torch.library.opcheck(torch.ops.kvrope.forward.default, (k, v, kc, vc, pos, cos, sin, 0, st))
     torch.library.opcheck(torch.ops.kvrope.forward_.default,
                           (k, v, kc.clone(), vc.clone(), pos, cos, sin, None, None, None, None, torch.empty_like(k),
@@ -104,6 +109,18 @@ def test_opcheck(style):
     torch.library.opcheck(torch.ops.kvrope.backward.default, (gk, gv, k, cos, sin, pos, 0, st, True))
     torch.library.opcheck(torch.ops.kvrope.backward_.default, (gk.clone(), gv.clone(), k, cos, sin, pos, 0, st, True),
                           test_utils=("test_schema", "test_faketensor"))
+    # opcheck leaves strides out; a compiled graph reads its outputs with the fake implementation's
+    check_fake_strides(torch.ops.kvrope.forward.default, (k, v, kc, vc, pos, cos, sin, 0, st))
+    check_fake_strides(torch.ops.kvrope.backward.default, (gk, gv, k, cos, sin, pos, 0, st, True))
+    check_fake_strides(torch.ops.kvrope.backward_.default, (gk.clone(), gv.clone(), k, cos, sin, pos, 0, st, True))
+
+
+def check_fake_strides(op, args):
+    with FakeTensorMode() as mode:
+        fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+    for i, (f, r) in enumerate(zip(fake, op(*args))):
+        assert f.shape == r.shape and f.stride() == r.stride(), \
+            f"{op}: output {i} has shape {tuple(r.shape)}, strides {r.stride()}; the fake one {tuple(f.shape)}, {f.stride()}"
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -173,7 +190,7 @@ def test_cpu_repeats_and_table_cache():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 def test_errors_are_clear(device):
-    """The API checks every call (kvrope_torch/_checks.py); a CUDA op called directly checks in C++."""
+    """Every op checks its arguments: the CPU ops in Python (kvrope_torch/_checks.py), the CUDA ops in C++."""
     k, v, kc, vc, pos, cos, sin = small(dtype=torch.float32, device=device)
     with pytest.raises(TypeError, match="int32 or int64"):
         kvrope_torch.forward(k, v, kc, vc, pos.float(), cos, sin)
