@@ -3,9 +3,10 @@
 H = 8, D = 128, bf16, cache_position = arange(S), tables [B, S, D]): the eager reference, torch.compile
 of it and the kvrope ops, for the backward (out of place and in place) and the forward (in place,
 RoPE(k) returned). Each call runs after an L2 flush (a write of twice the L2) and a synchronize; it is
-timed by CUDA events (launch and the host's time in the call included; profiler off) and, in a second
-loop, by its GPU kernel span from CUPTI through torch.profiler (first kernel start to last kernel end,
-the flush's kernels and in-place calls' fresh copies left out). Medians of --iters calls.
+timed by CUDA events (launch and the host's time in the call included) in a first pass over every case,
+before the profiler ever starts, and by its GPU kernel span from CUPTI through torch.profiler in a
+second pass (first kernel start to last kernel end, the flush's kernels and in-place calls' fresh
+copies left out). Medians of --iters calls.
 
     python3 bench/torch_compare.py [--iters 30] [--cases 1,2,...] [--json out.json]
 """
@@ -65,13 +66,15 @@ def eager_forward_(k, v, k_cache, v_cache, cos, sin, pos):  # apply_rotary_pos_e
 
 class Clock:
     """The protocol of docs/spec.md section 5.3 from Python: before each timed call, prepare() (untimed),
-    an L2 flush (a write of twice the L2, new values each call) and a synchronize."""
+    an L2 flush (a write of twice the L2, new values each call) and a synchronize. event() times calls by
+    CUDA events with the profiler never started: once torch.profiler has run in a process, the host's
+    CUDA calls cost more (docs/benchmarks.md, "PyTorch comparison"), so main() takes every event time
+    before the first kernel span. span() times them by their kernels' span from CUPTI."""
 
     def __init__(self):
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
         self.flush_buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
-        self.flush_kernels = self._kernel_names(self.flush)
-        self.marker_kernels = self._kernel_names(self.mark)
+        self.flush_kernels = self.marker_kernels = None  # (learnt under the profiler, by span())
 
     def flush(self):
         self.flush_buf.random_()
@@ -92,24 +95,36 @@ class Clock:
         self.flush()
         torch.cuda.synchronize()
 
-    def time(self, prepare, call, iters):
-        """(CUDA-event median us, CUPTI kernel-span median us) of call(). The event clock runs in a loop of
-        its own with the profiler off, whose per-op records would add host time to every call; the kernel
-        spans (first kernel start to last kernel end, between the flush and the marker) in a second loop
-        under the profiler."""
-        for _ in range(3):  # warm-up (compilation, autotuning, allocator)
+    @staticmethod
+    def _warm_up(prepare, call):  # compilation, autotuning, the allocator
+        for _ in range(3):
             prepare()
             call()
         torch.cuda.synchronize()
+
+    def event(self, prepare, call, iters):
+        """The CUDA-event median, us: launch and the host's time in the call included; the stream is
+        fetched before and the call's outputs are freed after the timed span, as a caller that uses them."""
+        self._warm_up(prepare, call)
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        event_us = []
+        stream = torch.cuda.current_stream()
+        times = []
         for _ in range(iters):
             self._flushed(prepare)
-            start.record()
-            call()
-            stop.record()
+            start.record(stream)
+            out = call()
+            stop.record(stream)
             torch.cuda.synchronize()
-            event_us.append(1e3 * start.elapsed_time(stop))
+            times.append(1e3 * start.elapsed_time(stop))
+            del out
+        return statistics.median(times)
+
+    def span(self, prepare, call, iters):
+        """The median kernel span, us: first kernel start to last kernel end, between the flush and a
+        marker kernel launched after the call."""
+        if self.flush_kernels is None:
+            self.flush_kernels, self.marker_kernels = self._kernel_names(self.flush), self._kernel_names(self.mark)
+        self._warm_up(prepare, call)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(iters):
                 self._flushed(prepare)
@@ -128,7 +143,45 @@ class Clock:
                 current = None
             elif current is not None:
                 current.append((s, e))
-        return statistics.median(event_us), statistics.median(spans) if spans else float("nan")
+        return statistics.median(spans) if spans else float("nan")
+
+
+def case_calls(c, compiled):
+    """The timed calls of one case, by name: (prepare, call)."""
+    n, b, s, s_max = int(c["case"]), int(c["batch_size"]), int(c["new_seq_len"]), int(c["max_seq_len"])
+    h, d = int(c["num_kv_heads"]), int(c["head_dim"])
+    torch.manual_seed(n)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    gk, gv = torch.randn(b, h, s_max, d, **bf), torch.randn(b, h, s_max, d, **bf)
+    k, v = torch.randn(b, h, s, d, **bf), torch.randn(b, h, s, d, **bf)
+    ang = torch.rand(b, s, d, device="cuda") * 6
+    cos, sin = ang.cos().bfloat16(), ang.sin().bfloat16()
+    pos = torch.arange(s, device="cuda")
+    kc, vc = torch.randn(b, h, s_max, d, **bf), torch.randn(b, h, s_max, d, **bf)
+    ko = torch.empty_like(k)
+    work = {}
+
+    def fresh():  # in-place calls get their own copies, made before the flush
+        work["gk"], work["gv"] = gk.clone(), gv.clone()
+
+    def fresh_caches():
+        work["kc"], work["vc"] = kc.clone(), vc.clone()
+
+    def nothing():
+        pass
+
+    bwd, bwd_, fwd_ = compiled
+    return {
+        "bwd_eager": (nothing, lambda: eager_backward(gk, gv, k, cos, sin, pos)),
+        "bwd_compile": (nothing, lambda: bwd(gk, gv, k, cos, sin, pos)),
+        "bwd_kvrope": (nothing, lambda: kvrope_torch.backward(gk, gv, k, cos, sin, pos)),
+        "bwd_inplace_compile": (fresh, lambda: bwd_(work["gk"], work["gv"], k, cos, sin, pos)),
+        "bwd_inplace_kvrope": (fresh, lambda: kvrope_torch.backward_(work["gk"], work["gv"], k, cos, sin, pos)),
+        "fwd_eager": (fresh_caches, lambda: eager_forward_(k, v, work["kc"], work["vc"], cos, sin, pos)),
+        "fwd_compile": (fresh_caches, lambda: fwd_(k, v, work["kc"], work["vc"], cos, sin, pos)),
+        "fwd_kvrope": (fresh_caches,
+                       lambda: kvrope_torch.forward_(k, v, work["kc"], work["vc"], pos, cos, sin, key_out=ko)),
+    }
 
 
 def geomean(xs):
@@ -150,49 +203,17 @@ def main():
     dev = torch.cuda.get_device_name(0)
     print(f"torch_compare: {dev}, torch {torch.__version__} (CUDA {torch.version.cuda}), bf16, "
           f"median of {args.iters} calls, L2 flushed before each; times in us (event / CUPTI kernel span)")
-    compiled_bwd = torch.compile(eager_backward)
-    compiled_bwd_ = torch.compile(eager_backward_)
-    compiled_fwd_ = torch.compile(eager_forward_)
-    results = []
-    for c in cases:
-        n, b, s, s_max = int(c["case"]), int(c["batch_size"]), int(c["new_seq_len"]), int(c["max_seq_len"])
-        h, d = int(c["num_kv_heads"]), int(c["head_dim"])
-        torch.manual_seed(n)
-        bf = dict(device="cuda", dtype=torch.bfloat16)
-        gk, gv = torch.randn(b, h, s_max, d, **bf), torch.randn(b, h, s_max, d, **bf)
-        k, v = torch.randn(b, h, s, d, **bf), torch.randn(b, h, s, d, **bf)
-        ang = torch.rand(b, s, d, device="cuda") * 6
-        cos, sin = ang.cos().bfloat16(), ang.sin().bfloat16()
-        pos = torch.arange(s, device="cuda")
-        kc, vc = torch.randn(b, h, s_max, d, **bf), torch.randn(b, h, s_max, d, **bf)
-        work = {}
-
-        def fresh():  # in-place calls get their own copies, made before the flush
-            work["gk"], work["gv"] = gk.clone(), gv.clone()
-
-        def fresh_caches():
-            work["kc"], work["vc"] = kc.clone(), vc.clone()
-
-        ko = torch.empty_like(k)
-        nothing = lambda: None  # noqa: E731
-        r = {"case": n, "B": b, "S": s, "S_max": s_max}
-        r["bwd_eager"] = clock.time(nothing, lambda: eager_backward(gk, gv, k, cos, sin, pos), args.iters)
-        r["bwd_compile"] = clock.time(nothing, lambda: compiled_bwd(gk, gv, k, cos, sin, pos), args.iters)
-        r["bwd_kvrope"] = clock.time(nothing, lambda: kvrope_torch.backward(gk, gv, k, cos, sin, pos), args.iters)
-        r["bwd_inplace_compile"] = clock.time(
-            fresh, lambda: compiled_bwd_(work["gk"], work["gv"], k, cos, sin, pos), args.iters)
-        r["bwd_inplace_kvrope"] = clock.time(
-            fresh, lambda: kvrope_torch.backward_(work["gk"], work["gv"], k, cos, sin, pos), args.iters)
-        r["fwd_eager"] = clock.time(
-            fresh_caches, lambda: eager_forward_(k, v, work["kc"], work["vc"], cos, sin, pos), args.iters)
-        r["fwd_compile"] = clock.time(
-            fresh_caches, lambda: compiled_fwd_(k, v, work["kc"], work["vc"], cos, sin, pos), args.iters)
-        r["fwd_kvrope"] = clock.time(
-            fresh_caches, lambda: kvrope_torch.forward_(k, v, work["kc"], work["vc"], pos, cos, sin, key_out=ko),
-            args.iters)
-        results.append(r)
-        print(f"case {n:2d} B {b:3d} S {s:5d} S_max {s_max:5d} | " + "  ".join(
-            f"{key} {r[key][0]:.1f}/{r[key][1]:.1f}" for key in r if key.startswith(("bwd", "fwd"))), flush=True)
+    compiled = (torch.compile(eager_backward), torch.compile(eager_backward_), torch.compile(eager_forward_))
+    results = [{"case": int(c["case"]), "B": int(c["batch_size"]), "S": int(c["new_seq_len"]),
+                "S_max": int(c["max_seq_len"])} for c in cases]
+    for clock_pass in (clock.event, clock.span):  # every event time first (Clock's note)
+        for c, r in zip(cases, results):
+            for name, (prepare, call) in case_calls(c, compiled).items():
+                r.setdefault(name, []).append(clock_pass(prepare, call, args.iters))
+            torch.cuda.empty_cache()
+    for r in results:
+        print(f"case {r['case']:2d} B {r['B']:3d} S {r['S']:5d} S_max {r['S_max']:5d} | " + "  ".join(
+            f"{key} {r[key][0]:.1f}/{r[key][1]:.1f}" for key in r if key.startswith(("bwd", "fwd"))))
     keys = [k for k in results[0] if k.startswith(("bwd", "fwd"))]
     print("\ngeometric means over %d cases (us): CUDA-event clock / CUPTI kernel span" % len(results))
     g = {}
