@@ -18,6 +18,7 @@ import argparse
 import csv
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -26,6 +27,8 @@ import kvrope_torch
 from kvrope_torch import _checks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
+from torch_compare import Clock  # noqa: E402  (the event clock of torch_compare itself)
 
 
 def host_us(fn, iters, sync):
@@ -38,25 +41,6 @@ def host_us(fn, iters, sync):
         fn()
         times.append((time.perf_counter_ns() - t0) / 1e3)
     sync()
-    return statistics.median(times)
-
-
-def event_us(fn, iters, flush=None):
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(5):
-        fn()
-    stream = torch.cuda.current_stream()
-    times = []
-    for _ in range(iters):
-        if flush is not None:
-            flush.random_()
-        torch.cuda.synchronize()
-        start.record(stream)
-        out = fn()
-        stop.record(stream)
-        torch.cuda.synchronize()
-        times.append(1e3 * start.elapsed_time(stop))
-        del out
     return statistics.median(times)
 
 
@@ -113,7 +97,8 @@ def main():
               f"{host_us(lambda: op(gk, gv, k, cos, sin, pos, 0, 0, True), args.iters, sync):8.2f}")
     if not cuda:
         return
-    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, dtype=torch.int32, device=dev)
+    flushed, unflushed = Clock(), Clock()
+    unflushed.flush = lambda: None
     event_parts = [("API kvrope_torch.backward", api_backward), ("API kvrope_torch.backward_",
                    lambda: kvrope_torch.backward_(gk_, gv_, k, cos, sin, pos)), ("fill_", fill),
                    ("nothing", lambda: None)]
@@ -121,7 +106,8 @@ def main():
     def part2(title):
         print(f"{title}: CUDA-event clock as bench/torch_compare.py, us: L2 not flushed / flushed before each")
         for name, fn in event_parts:
-            print(f"  {name:40s} {event_us(fn, args.iters):8.2f} {event_us(fn, args.iters, flush):8.2f}")
+            times = [clock.event(lambda: None, fn, args.iters) for clock in (unflushed, flushed)]
+            print(f"  {name:40s} {times[0]:8.2f} {times[1]:8.2f}")
 
     part2("part 2")
     print("part 3: torch.profiler, API backward calls")
