@@ -51,7 +51,8 @@ void check_positions(const char* name, const at::Tensor& p, const Like& like, in
   TORCH_CHECK_VALUE(p.numel() == 0 || p.stride(-1) == 1, "kvrope: ", name, " must be contiguous");
 }
 
-// The call's first tensor of head rows [layout]: 4-d, a supported dtype on its device, D even.
+// The call's first tensor of head rows [layout]: 4-d, a supported dtype on its device, D even, the last
+// dim contiguous (kvrope's HeadRows has no stride for it).
 void check_first_rows(const char* name, const at::Tensor& x, const char* layout) {
   TORCH_CHECK_VALUE(x.dim() == 4, "kvrope: ", name, " must be [", layout, "], got ", dims(x.sizes()));
   const auto t = x.scalar_type();
@@ -60,6 +61,8 @@ void check_first_rows(const char* name, const at::Tensor& x, const char* layout)
                    " tensors must be bfloat16, float16, float32", x.is_cuda() ? "" : " or float64", ", not ",
                    c10::toString(t));
   TORCH_CHECK_VALUE(x.size(3) % 2 == 0, "kvrope: head_dim must be even, not ", std::to_string(x.size(3)));
+  TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, "kvrope: ", name,
+                    "'s last dim must be contiguous (stride 1), not ", std::to_string(x.stride(-1)));
 }
 
 // Per-token tables [B or 1, S, R]; returns R.
@@ -80,10 +83,13 @@ int64_t check_tables(const c10::optional<at::Tensor>& cos, const c10::optional<a
   return r;
 }
 
-// The op's rotary_dim argument: 0 (the tables' R) or R itself. Returns kvrope's rotary_dim: R, or 0 for R = D.
-int64_t rotary_dim_of(int64_t given, int64_t r, int64_t d) {
+// The op's rotary_dim and style arguments: rotary_dim 0 (the tables' R) or R itself; style 0 (rotate-half)
+// or 1 (interleaved). Returns kvrope's rotary_dim: R, or 0 for R = D.
+int64_t rotation_of(int64_t given, int64_t style, int64_t r, int64_t d) {
   TORCH_CHECK_VALUE(given == 0 || given == r, "kvrope: rotary_dim ", std::to_string(given),
                     " differs from the tables' R = ", std::to_string(r));
+  TORCH_CHECK_VALUE(style == 0 || style == 1, "kvrope: style must be 0 (rotate_half) or 1 (interleaved), not ",
+                    std::to_string(style));
   return r == d ? 0 : r;
 }
 
@@ -137,12 +143,12 @@ int64_t check_forward(const ForwardTensors& t) {
     TORCH_CHECK_VALUE(f.scalar_type() == at::kInt && f.numel() == 1 && f.device() == t.key_states.device(),
                       "kvrope: error_flag must be an int32 tensor of one element on key_states' device");
   }
-  return rotary_dim_of(t.rotary_dim, r, d);
+  return rotation_of(t.rotary_dim, t.style, r, d);
 }
 
 int64_t check_backward(const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache,
                        const c10::optional<at::Tensor>& key_states, const at::Tensor& cos, const at::Tensor& sin,
-                       const at::Tensor& cache_position, int64_t rotary_dim, bool table_grads) {
+                       const at::Tensor& cache_position, int64_t rotary_dim, int64_t style, bool table_grads) {
   check_first_rows("grad_key_cache", grad_key_cache, "B, H, S_max, D");
   const Like g{"grad_key_cache", grad_key_cache};
   const int64_t b = grad_key_cache.size(0), h = grad_key_cache.size(1), d = grad_key_cache.size(3);
@@ -157,7 +163,7 @@ int64_t check_backward(const at::Tensor& grad_key_cache, const at::Tensor& grad_
     const std::array<int64_t, 4> token_rows{b, h, s, d};
     check_rows("key_states", *key_states, g, token_rows);
   }
-  return rotary_dim_of(rotary_dim, r, d);
+  return rotation_of(rotary_dim, style, r, d);
 }
 
 }  // namespace kvrope_torch

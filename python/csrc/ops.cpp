@@ -78,7 +78,7 @@ BackwardOutputs backward_into_new(const at::Tensor& grad_key_cache, const at::Te
                                   const c10::optional<at::Tensor>& key_states, const at::Tensor& cos,
                                   const at::Tensor& sin, const at::Tensor& cache_position, int64_t rotary_dim,
                                   int64_t style, bool table_grads_wanted, bool in_place) {
-  rotary_dim = check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim,
+  rotary_dim = check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
                               table_grads_wanted);
   const auto B = grad_key_cache.size(0), H = grad_key_cache.size(1), D = grad_key_cache.size(3);
   const std::array<int64_t, 4> token_rows{B, H, cache_position.size(0), D};

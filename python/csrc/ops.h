@@ -23,12 +23,13 @@ struct BackwardTensors {
   int64_t rotary_dim = 0, style = 0;
 };
 
-//! The CUDA forward's checks (every tensor of `t`); returns kvrope's rotary_dim (the tables' R; 0 for R = D).
+//! The CUDA forward's checks (every tensor of `t`, rotary_dim, style); returns kvrope's rotary_dim (the
+//! tables' R; 0 for R = D).
 int64_t check_forward(const ForwardTensors& t);
 //! The CUDA backward's checks (inputs only: the op allocates its outputs); returns kvrope's rotary_dim.
 int64_t check_backward(const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache,
                        const c10::optional<at::Tensor>& key_states, const at::Tensor& cos, const at::Tensor& sin,
-                       const at::Tensor& cache_position, int64_t rotary_dim, bool table_grads);
+                       const at::Tensor& cache_position, int64_t rotary_dim, int64_t style, bool table_grads);
 
 enum class DType : int { kBf16, kFp16, kFp32 };
 

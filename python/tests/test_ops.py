@@ -216,6 +216,24 @@ def test_errors_are_clear(device):
         kvrope_torch.backward_(gk, torch.ones(1, device=device).expand_as(gv), k, cos, sin, pos)
     with pytest.raises(ValueError, match="rotary_dim 4 differs"):
         torch.ops.kvrope.backward(gk, gv, k, cos, sin, pos, 4, 0, True)
+    with pytest.raises(ValueError, match="style must be 0"):
+        torch.ops.kvrope.backward(gk, gv, k, cos, sin, pos, 0, 7, True)
+    # the first tensor's last dim (the one the others are compared with), strided and expanded
+    strided = torch.randn(*k.shape[:3], 2 * k.shape[3], device=device)[..., ::2]
+    with pytest.raises(ValueError, match="key_states's last dim must be contiguous"):
+        kvrope_torch.forward(strided, v, kc, vc, pos, cos, sin)
+    with pytest.raises(ValueError, match="key_states's last dim must be contiguous"):
+        kvrope_torch.forward_(strided, v, kc, vc, pos, cos, sin)
+    with pytest.raises(ValueError, match="grad_key_cache's last dim must be contiguous"):
+        kvrope_torch.backward_(torch.ones(1, device=device).expand_as(gk), gv, k, cos, sin, pos)
+
+
+def test_compiled_errors_are_clear():
+    """The fake implementations check too: a compiled function's bad call fails with the op's message."""
+    k, v, kc, vc, pos, cos, sin = small(dtype=torch.float32)
+    gk, gv = torch.randn_like(kc), torch.randn_like(vc)
+    with pytest.raises(Exception, match=r"grad_key_cache must be \[B, H, S_max, D\]"):
+        torch.compile(kvrope_torch.backward, fullgraph=True)(gk[0], gv, k, cos, sin, pos)
 
 
 def test_compile_matches_eager():
