@@ -5,8 +5,8 @@ of it and the kvrope ops, for the backward (out of place and in place) and the f
 RoPE(k) returned). Each call runs after an L2 flush (a write of twice the L2) and a synchronize; after
 an untimed pass over every case, it is timed by CUDA events (launch and the host's time in the call
 included) in a pass over every case before the profiler ever starts, and by its GPU kernel span from
-CUPTI through torch.profiler in a last pass (first kernel start to last kernel end, the flush's kernels and in-place calls' fresh
-copies left out). Medians of --iters calls.
+CUPTI through torch.profiler in a last pass (first kernel start to last kernel end, the flush's
+kernels and in-place calls' fresh copies left out). Medians of --iters calls.
 
     python3 bench/torch_compare.py [--iters 30] [--cases 1,2,...] [--json out.json]
 """

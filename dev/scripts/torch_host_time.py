@@ -77,7 +77,7 @@ def main():
         ("API kvrope_torch.backward_", lambda: kvrope_torch.backward_(gk_, gv_, k, cos, sin, pos)),
         ("API kvrope_torch.forward_ (key_out)", lambda: kvrope_torch.forward_(k, v, kc, vc, pos, cos, sin, key_out=ko)),
         ("the Python checks of the CPU ops",
-         lambda: _checks.check_backward(gk, gv, k, cos, sin, pos, True)),
+         lambda: _checks.check_backward(gk, gv, k, cos, sin, pos, 0, 0, True)),
         ("backward's overload, directly", lambda: op(gk, gv, k, cos, sin, pos, 0, 0, True)),
         ("six allocations from Python", outputs),
         ("one small torch kernel (fill_)", fill),

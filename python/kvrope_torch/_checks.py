@@ -1,5 +1,7 @@
-"""The CPU ops' argument checks, before any work: an error names the argument (TypeError for a dtype,
-ValueError otherwise). The CUDA ops check in C++ with the same messages (csrc/checks.cpp)."""
+"""The argument checks of the CPU and fake ops (check_forward, check_forward_, check_backward), before any
+work: an error names the argument (TypeError for a dtype, ValueError otherwise). The twin of the CUDA ops'
+checks in C++ (csrc/checks.cpp), with the same messages: a CUDA call pays no Python for them, and a fake
+op checks shapes that may be symbolic, which C++ sizes() cannot read."""
 from typing import Tuple
 
 import torch
@@ -35,7 +37,8 @@ def _check_positions(name: str, p: torch.Tensor, like: torch.Tensor, shapes) -> 
 
 
 def _first_rows(name: str, x: torch.Tensor, dims: str) -> Tuple[int, int, int, int]:
-    """The sizes of the call's first tensor of head rows, whose dtype and device the others must share."""
+    """The sizes of the call's first tensor of head rows, whose dtype and device the others must share;
+    its last dim contiguous."""
     if x.dim() != 4:
         raise ValueError(f"kvrope: {name} must be [{dims}], got {tuple(x.shape)}")
     allowed = _CUDA_DTYPES if x.is_cuda else _CPU_DTYPES
@@ -43,16 +46,16 @@ def _first_rows(name: str, x: torch.Tensor, dims: str) -> Tuple[int, int, int, i
         raise TypeError(f"kvrope: {x.device.type} tensors must be one of {allowed}, not {x.dtype}")
     if x.shape[3] % 2:
         raise ValueError(f"kvrope: head_dim must be even, not {x.shape[3]}")
+    _check_last_dim(name, x)
     return tuple(x.shape)
 
 
-def check_heads(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+def _check_heads(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  cache_position: torch.Tensor) -> Tuple[int, int, int, int, int]:
     b, h, s, d = _first_rows("key_states", k, "B, H, S, D")
     if key_cache.dim() != 4:
         raise ValueError(f"kvrope: key_cache must be [B, H, S_max, D], got {tuple(key_cache.shape)}")
     s_max = key_cache.shape[2]
-    _check_last_dim("key_states", k)  # (its shape, dtype and device are the ones the others must have)
     _check_rows("value_states", v, k, (b, h, s, d))
     _check_rows("key_cache", key_cache, k, (b, h, s_max, d))
     _check_rows("value_cache", value_cache, k, (b, h, s_max, d))
@@ -60,7 +63,7 @@ def check_heads(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value
     return b, h, s, s_max, d
 
 
-def check_tables(cos: torch.Tensor, sin: torch.Tensor, like: torch.Tensor, b: int, s: int, d: int) -> None:
+def _check_tables(cos: torch.Tensor, sin: torch.Tensor, like: torch.Tensor, b: int, s: int, d: int) -> None:
     if cos is None or sin is None:
         raise ValueError("kvrope: give cos and sin (per-token tables), or cos_sin_cache and position_ids")
     if cos.dim() != 3 or cos.shape[0] not in (1, b) or cos.shape[1] != s:
@@ -72,9 +75,24 @@ def check_tables(cos: torch.Tensor, sin: torch.Tensor, like: torch.Tensor, b: in
     _check_rows("sin", sin, like, cos.shape)
 
 
+def _check_rotation(rotary_dim: int, style: int, table: torch.Tensor) -> None:
+    """The ops' rotary_dim (0: the tables' R, or R itself) and style (0 rotate-half, 1 interleaved)."""
+    if table is not None and rotary_dim not in (0, table.shape[-1]):
+        raise ValueError(f"kvrope: rotary_dim {rotary_dim} differs from the tables' R = {table.shape[-1]}")
+    if style not in (0, 1):
+        raise ValueError(f"kvrope: style must be 0 (rotate_half) or 1 (interleaved), not {style}")
+
+
+def check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim,
+                  style) -> None:
+    b, _, s, _, d = _check_heads(key_states, value_states, key_cache, value_cache, cache_position)
+    _check_tables(cos, sin, key_states, b, s, d)
+    _check_rotation(rotary_dim, style, cos)
+
+
 def check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
-                   position_ids, query, query_out, key_out, error_flag) -> None:
-    b, h, s, s_max, d = check_heads(key_states, value_states, key_cache, value_cache, cache_position)
+                   position_ids, query, query_out, key_out, error_flag, rotary_dim, style) -> None:
+    b, h, s, s_max, d = _check_heads(key_states, value_states, key_cache, value_cache, cache_position)
     if cos_sin_cache is not None:
         if cos is not None or sin is not None:
             raise ValueError("kvrope: give either cos and sin or cos_sin_cache, not both")
@@ -91,7 +109,7 @@ def check_forward_(key_states, value_states, key_cache, value_cache, cache_posit
         if position_ids.dtype != cache_position.dtype:
             raise TypeError("kvrope: position_ids and cache_position must have one dtype")
     else:
-        check_tables(cos, sin, key_states, b, s, d)
+        _check_tables(cos, sin, key_states, b, s, d)
     if query is not None:
         if query.dim() != 4 or query.shape[0] != b or query.shape[2] != s or query.shape[3] != d:
             raise ValueError(f"kvrope: query must be [B, Hq, S, D] with B={b}, S={s}, D={d}, got {tuple(query.shape)}")
@@ -105,18 +123,20 @@ def check_forward_(key_states, value_states, key_cache, value_cache, cache_posit
     if error_flag is not None and (error_flag.dtype != torch.int32 or error_flag.numel() != 1 or
                                    error_flag.device != key_states.device):
         raise ValueError("kvrope: error_flag must be an int32 tensor of one element on key_states' device")
+    _check_rotation(rotary_dim, style, cos if cos is not None else cos_sin_cache)
 
 
-def check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads) -> None:
+def check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
+                   table_grads) -> None:
     b, h, s_max, d = _first_rows("grad_key_cache", grad_key_cache, "B, H, S_max, D")
-    _check_last_dim("grad_key_cache", grad_key_cache)
     _check_rows("grad_value_cache", grad_value_cache, grad_key_cache, (b, h, s_max, d))
     if cache_position.dim() != 1:
         raise ValueError(f"kvrope: cache_position must be [S], got {tuple(cache_position.shape)}")
     s = cache_position.shape[0]
     _check_positions("cache_position", cache_position, grad_key_cache, [(s,)])
-    check_tables(cos, sin, grad_key_cache, b, s, d)
+    _check_tables(cos, sin, grad_key_cache, b, s, d)
     if table_grads:
         if key_states is None:
             raise ValueError("kvrope: table gradients need key_states")
         _check_rows("key_states", key_states, grad_key_cache, (b, h, s, d))
+    _check_rotation(rotary_dim, style, cos)

@@ -11,38 +11,9 @@ ops = torch.ops.kvrope
 ERROR_POSITION_OUT_OF_RANGE, ERROR_POSITION_ID_OUT_OF_RANGE = 1, 2
 
 
-# --- argument checks of the CPU and fake implementations ----------------------------------------------
-# With the messages of the CUDA ops' checks (csrc/checks.cpp); the fake implementations check too, so
-# that a compiled function's bad call fails as clearly at its trace.
-
-def _check_rotation(rotary_dim, style, table):
-    if table is not None and rotary_dim not in (0, table.shape[-1]):
-        raise ValueError(f"kvrope: rotary_dim {rotary_dim} differs from the tables' R = {table.shape[-1]}")
-    if style not in (0, 1):
-        raise ValueError(f"kvrope: style must be 0 (rotate_half) or 1 (interleaved), not {style}")
-
-
-def _check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim, style):
-    b, _, s, _, d = _checks.check_heads(key_states, value_states, key_cache, value_cache, cache_position)
-    _checks.check_tables(cos, sin, key_states, b, s, d)
-    _check_rotation(rotary_dim, style, cos)
-
-
-def _check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
-                    position_ids, query, query_out, key_out, error_flag, rotary_dim, style):
-    _checks.check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin,
-                           cos_sin_cache, position_ids, query, query_out, key_out, error_flag)
-    _check_rotation(rotary_dim, style, cos if cos is not None else cos_sin_cache)
-
-
-def _check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
-                    table_grads):
-    _checks.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, table_grads)
-    _check_rotation(rotary_dim, style, cos)
-
-
 # --- CPU implementations: the semantics of docs/spec.md, in plain torch ---------------------------
-
+# They and the fake implementations check their arguments first (_checks.py; the CUDA ops in C++), the
+# fake ones so that a compiled function's bad call fails as clearly at its trace.
 
 def _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                       position_ids, query, query_out, key_out, error_flag, style):
@@ -79,15 +50,15 @@ def _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_po
 @torch.library.impl("kvrope::forward_", "cpu")
 def _forward_inplace_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                          position_ids, query, query_out, key_out, error_flag, rotary_dim=0, style=0):
-    _check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
-                    position_ids, query, query_out, key_out, error_flag, rotary_dim, style)
+    _checks.check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
+                           position_ids, query, query_out, key_out, error_flag, rotary_dim, style)
     _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                       position_ids, query, query_out, key_out, error_flag, style)
 
 
 @torch.library.impl("kvrope::forward", "cpu")
 def _forward_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim=0, style=0):
-    _check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim, style)
+    _checks.check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim, style)
     kc, vc, ko = key_cache.clone(), value_cache.clone(), torch.empty_like(key_states)
     _forward_cpu_into(key_states, value_states, kc, vc, cache_position, cos, sin, None, None, None, None, ko, None,
                       style)
@@ -96,8 +67,8 @@ def _forward_cpu(key_states, value_states, key_cache, value_cache, cache_positio
 
 def _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
                         table_grads):
-    _check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
-                    table_grads)
+    _checks.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
+                           table_grads)
     ct = m.compute_dtype(grad_key_cache.dtype)
     dtype, cache_len = grad_key_cache.dtype, grad_key_cache.shape[2]
     rows, in_range = m.rows_of(cache_position, cache_len)
@@ -139,25 +110,26 @@ def _backward_inplace_cpu(grad_key_cache, grad_value_cache, key_states, cos, sin
 
 @torch.library.register_fake("kvrope::forward")
 def _forward_fake(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim=0, style=0):
-    _check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim, style)
+    _checks.check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim, style)
     return torch.empty_like(key_cache), torch.empty_like(value_cache), torch.empty_like(key_states)
 
 
 @torch.library.register_fake("kvrope::forward_")
 def _forward_inplace_fake(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                           position_ids, query, query_out, key_out, error_flag, rotary_dim=0, style=0):
-    _check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
-                    position_ids, query, query_out, key_out, error_flag, rotary_dim, style)
+    _checks.check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
+                           position_ids, query, query_out, key_out, error_flag, rotary_dim, style)
     return None
 
 
 def _backward_fake_parts(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
                          table_grads):
-    _check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
-                    table_grads)
+    _checks.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
+                           table_grads)
     b, h, _, d = grad_key_cache.shape
     gk = grad_key_cache.new_empty((b, h, cache_position.shape[0], d))
-    tables = (cos.new_empty(cos.shape), cos.new_empty(cos.shape)) if table_grads else (cos.new_empty(0), cos.new_empty(0))
+    table = cos.shape if table_grads else (0,)
+    tables = cos.new_empty(table), cos.new_empty(table)
     return gk, torch.empty_like(gk), *tables
 
 
