@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Where a kvrope torch op's host time goes. Part 1: the wall time (time.perf_counter_ns) of a Python
 call to return, median of --iters calls with the device synchronized before each: the three API calls
-(backward, backward_, forward_ with key_out), the backward's overload called directly (the dispatcher,
-the C++ checks, six allocations, the launch), the same under inference mode (no autograd keys), six
-output allocations from Python, one small torch kernel (fill_) and a CUDA event's record() for scale.
-Part 2: the CUDA-event clock of bench/torch_compare.py (synchronize, record, call, record) on one
+(backward, backward_, forward_ with key_out), the backward's overload called directly (torch.ops'
+argument parsing, the dispatcher, the C++ checks, six allocations, the launch), its C++ entry
+(kvrope_torch._C, as the API calls it: the same without torch.ops' parsing), the overload under
+inference mode (no autograd keys), six output allocations from Python, one small torch kernel (fill_)
+and a CUDA event's record() for scale. Part 2: the CUDA-event clock of bench/torch_compare.py (synchronize, record, call, record) on one
 call, against a fill_, median of --iters, without and with an L2 flush (a write of twice the L2)
 before each call. Part 3: a torch.profiler table of --iters API backward calls
 (self CPU time per op and CUDA runtime call). Parts 4 and 5: parts 2 and 1 again, after the profiler
@@ -79,6 +80,7 @@ def main():
         ("the Python checks of the CPU ops",
          lambda: _checks.check_backward(gk, gv, k, cos, sin, pos, 0, 0, True)),
         ("backward's overload, directly", lambda: op(gk, gv, k, cos, sin, pos, 0, 0, True)),
+        ("backward's C++ entry (_C), directly", lambda: kvrope_torch._C.backward(gk, gv, k, cos, sin, pos, 0, 0, True)),
         ("six allocations from Python", outputs),
         ("one small torch kernel (fill_)", fill),
     ]

@@ -1,8 +1,6 @@
 // The kvrope ops' schemas (namespace kvrope) and their CUDA implementations, which check their
 // arguments (checks.cpp) before any launch; kvrope's validate() checks them again. The CPU
 // implementations, the fake (meta) ones and autograd are registered in Python (kvrope_torch/_ops.py).
-#include <Python.h>  // (first, as Python asks)
-
 #include <ATen/cuda/EmptyTensor.h>
 #include <torch/library.h>
 
@@ -164,9 +162,3 @@ TORCH_LIBRARY_IMPL(kvrope, CUDA, m) {
 }
 
 }  // namespace kvrope_torch
-
-// An importable module, so that `import kvrope_torch._C` loads the library and registers the ops.
-extern "C" PyObject* PyInit__C(void) {
-  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module);
-}

@@ -9,8 +9,9 @@ See python/README.md and docs/spec.md."""
 from typing import Optional, Tuple
 
 import torch
+from torch.overrides import has_torch_function
 
-from . import _ops
+from . import _C, _ops
 from ._math import INTERLEAVED, ROTATE_HALF
 
 __all__ = ["forward", "forward_", "backward", "backward_", "ERROR_POSITION_OUT_OF_RANGE",
@@ -19,11 +20,20 @@ __all__ = ["forward", "forward_", "backward", "backward_", "ERROR_POSITION_OUT_O
 ERROR_POSITION_OUT_OF_RANGE = _ops.ERROR_POSITION_OUT_OF_RANGE
 ERROR_POSITION_ID_OUT_OF_RANGE = _ops.ERROR_POSITION_ID_OUT_OF_RANGE
 _STYLES = {"rotate_half": ROTATE_HALF, "interleaved": INTERLEAVED}
-# The overloads themselves: calling them skips the packet's overload resolution. The ops check their
-# arguments before any work, with one set of messages: the CUDA ones in C++ (csrc/checks.cpp), the CPU ones
-# in Python (_checks.py). The API adds only what the schemas cannot say (a table given as None).
-_forward, _forward_inplace = _ops.ops.forward.default, _ops.ops.forward_.default
-_backward, _backward_inplace = _ops.ops.backward.default, _ops.ops.backward_.default
+# The ops from C++ (_C: through the dispatcher, without torch.ops' argument parsing in Python, ~5 µs a
+# call), or through torch.ops where Python must see the call: a __torch_function__ mode or subclass, and
+# torch.compile's tracing. The ops check their arguments before any work, with one set of messages: the
+# CUDA ones in C++ (csrc/checks.cpp), the CPU ones in Python (_checks.py). The API adds only what the
+# schemas cannot say (a table given as None, the style's name).
+_FORWARD, _FORWARD_INPLACE, _BACKWARD, _BACKWARD_INPLACE = (
+    (getattr(_C, name), getattr(_ops.ops, name).default) for name in ("forward", "forward_", "backward", "backward_"))
+
+
+def _call(op, *args):
+    from_cpp, overload = op
+    if torch.compiler.is_compiling() or has_torch_function(args):
+        return overload(*args)
+    return from_cpp(*args)
 
 
 def _tables(cos: Optional[torch.Tensor], sin: Optional[torch.Tensor]) -> None:
@@ -48,7 +58,8 @@ def forward(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: tor
     row. Gradients flow to k, v, cos, sin and both incoming caches through ``kvrope::backward``
     (docs/spec.md section 1: with a repeated row every token receives that row's gradient)."""
     _tables(cos, sin)
-    return _forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, 0, _style(style))
+    return _call(_FORWARD, key_states, value_states, key_cache, value_cache, cache_position, cos, sin, 0,
+                 _style(style))
 
 
 def forward_(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: torch.Tensor,
@@ -63,8 +74,8 @@ def forward_(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: to
     fp32) indexed by ``position_ids`` [S] or [B, S] (the dtype of ``cache_position``). ``error_flag``,
     an int32 tensor of one element, gets ERROR_POSITION_OUT_OF_RANGE / ERROR_POSITION_ID_OUT_OF_RANGE
     OR-ed in (read it after the stream; the call itself never synchronizes)."""
-    _forward_inplace(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
-                     position_ids, query, query_out, key_out, error_flag, 0, _style(style))
+    _call(_FORWARD_INPLACE, key_states, value_states, key_cache, value_cache, cache_position, cos, sin,
+          cos_sin_cache, position_ids, query, query_out, key_out, error_flag, 0, _style(style))
 
 
 def backward(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_states: Optional[torch.Tensor],
@@ -74,8 +85,8 @@ def backward(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_s
     of the incoming value cache). grad cos / sin have the tables' shape (summed over the batch for
     [1, S, R] tables) and are empty when ``table_grads`` is False (then key_states may be None)."""
     _tables(cos, sin)
-    return _backward(grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin, cache_position,
-                     0, _style(style), table_grads)
+    return _call(_BACKWARD, grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
+                 cache_position, 0, _style(style), table_grads)
 
 
 def backward_(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_states: Optional[torch.Tensor],
@@ -84,5 +95,5 @@ def backward_(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_
     """The backward, in place: returns (grad k, grad v, grad cos, grad sin); grad_key_cache and
     grad_value_cache become the incoming caches' gradients (their rows cache_position zeroed)."""
     _tables(cos, sin)
-    return _backward_inplace(grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
-                             cache_position, 0, _style(style), table_grads)
+    return _call(_BACKWARD_INPLACE, grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
+                 cache_position, 0, _style(style), table_grads)

@@ -6,6 +6,8 @@ import random
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import kvrope_torch
 from reference import (apply_rotary, forward, forward_sequential, rotary_abs_sum, within_tolerance, wrap)
@@ -121,6 +123,56 @@ def check_fake_strides(op, args):
     for i, (f, r) in enumerate(zip(fake, op(*args))):
         assert f.shape == r.shape and f.stride() == r.stride(), \
             f"{op}: output {i} has shape {tuple(r.shape)}, strides {r.stride()}; the fake one {tuple(f.shape)}, {f.stride()}"
+
+
+class FunctionCalls(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class DispatchCalls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_api_calls_the_ops(device):
+    """The API calls each op from C++ (kvrope_torch._C, through the dispatcher), or through torch.ops where a
+    __torch_function__ mode must see it: the same results, and every mode sees the op it would see."""
+    k, v, kc, vc, pos, cos, sin = small(torch.float32, device, positions="scattered")
+    gk, gv = torch.randn_like(kc), torch.randn_like(vc)
+    ops = torch.ops.kvrope
+    for got, want in zip(kvrope_torch.backward(gk, gv, k, cos, sin, pos),
+                         ops.backward.default(gk, gv, k, cos, sin, pos, 0, 0, True)):
+        assert torch.equal(got, want)
+    for got, want in zip(kvrope_torch.forward(k, v, kc, vc, pos, cos, sin, style="interleaved"),
+                         ops.forward.default(k, v, kc, vc, pos, cos, sin, 0, 1)):
+        assert torch.equal(got, want)
+
+    function_mode = FunctionCalls()
+    with function_mode:
+        kvrope_torch.backward_(gk.clone(), gv.clone(), k, cos, sin, pos)
+    assert "kvrope.backward_.default" in function_mode.seen
+    dispatch_mode = DispatchCalls()
+    with dispatch_mode:
+        kvrope_torch.forward_(k, v, kc.clone(), vc.clone(), pos, cos, sin)
+    assert "kvrope.forward_.default" in dispatch_mode.seen
+    with pytest.raises(TypeError, match="kvrope.backward: cos must be a tensor, not list"):
+        kvrope_torch._C.backward(gk, gv, k, [1.0], sin, pos, 0, 0, True)
+    with pytest.raises(TypeError, match="kvrope.backward_: table_grads must be a bool, not int"):
+        kvrope_torch._C.backward_(gk, gv, k, cos, sin, pos, 0, 0, 1)
+    with pytest.raises(TypeError, match="kvrope.forward_ takes 15 arguments, not 2"):
+        kvrope_torch._C.forward_(k, v)
 
 
 @pytest.mark.parametrize("style", STYLES)
