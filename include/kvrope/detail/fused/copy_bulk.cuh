@@ -64,14 +64,40 @@ struct BulkRing {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KVROPE_HAS_BULK_COPY 1
 
-// Rows of chunk c marked in the mask, counted over the warp (each lane tests rows lane, lane + 32, ...).
-// (Here, with the bulk copy that alone uses it: __reduce_add_sync is sm_80 and later.)
-__device__ __forceinline__ uint32_t marked_rows(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
-                                                int lane) {
-  uint32_t marked = 0;
-  for (int64_t r = lane; r < c.n; r += 32) marked += row_marked(mask, c.r0 - w.w0 + r);
-  return __reduce_add_sync(0xffffffffu, marked);
+//! Chunk c's rows marked in the mask, and its runs of unmarked rows (each start of one: an unmarked row
+//! first in the chunk or after a marked one), the same in every lane: lane k reads the chunk's k-th mask
+//! word, rows outside the chunk counted as marked.
+struct ChunkMarks {
+  uint32_t marked, runs;
+};
+__device__ __forceinline__ ChunkMarks chunk_marks(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
+                                                  int lane) {
+  const int64_t base = c.r0 - w.w0, end = base + c.n;  // the chunk's rows in the window
+  const int64_t first = base >> 5, words = ((end - 1) >> 5) - first + 1;
+  uint32_t counts = 0, carry = 1u;  // marked | runs << 16; the bit below the group's first word
+  for (int64_t k0 = 0; k0 < words; k0 += 32) {
+    const int64_t k = k0 + lane, row0 = (first + k) * 32;  // the word's first row
+    uint32_t word = 0, outside = ~0u;
+    if (k < words) {
+      word = mask[first + k];
+      outside = (row0 < base ? ~(~0u << (base - row0)) : 0u) | (row0 + 32 > end ? ~0u << (end - row0) : 0u);
+      word &= ~outside;
+    }
+    const uint32_t stop = word | outside;  // rows a run cannot hold
+    uint32_t below = __shfl_up_sync(0xffffffffu, stop >> 31, 1);
+    if (lane == 0) below = carry;
+    counts += __popc(word) | __popc(~stop & (stop << 1 | below)) << 16;
+    carry = __shfl_sync(0xffffffffu, stop >> 31, 31);
+  }
+  counts = __reduce_add_sync(0xffffffffu, counts);
+  return {counts & 0xffffu, counts >> 16};
 }
+
+// A chunk of this many runs of unmarked rows or more (scattered positions) is loaded whole with one bulk
+// copy and stored whole with one, its marked rows zeroed in the stage first: a bulk copy a run cost more
+// than the marked rows' extra reads (perf log b2). Fewer runs (the leaderboard's chunks, a run that
+// wraps): one copy a run, no extra bytes.
+inline constexpr uint32_t kBulkWholeChunkRuns = 3;
 
 // A bulk load into this block's shared memory: the .shared::cta destination where the PTX ISA has it
 // (8.6, CUDA 12.8), else the .shared::cluster form with this block's own address.
@@ -127,17 +153,19 @@ __device__ __forceinline__ void bulk_ring_init(const BulkRing& ring, int lane) {
   __syncwarp();
 }
 
-// Starts loading chunk c into a stage, skipping the rows marked in the mask (their outputs are zeros);
-// without the mask (speculated before it is built) every row.
+// Starts loading chunk c into a stage, skipping the rows marked in the mask (their outputs are zeros)
+// unless it loads whole (kBulkWholeChunkRuns); without the mask (speculated before it is built) every row.
 template <typename T>
 __device__ __forceinline__ void bulk_load_chunk(const FusedArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
                                                 const BulkCursor& c, unsigned char* stage, uint64_t* bar, bool use_mask,
                                                 int lane) {
   const HeadRows<const T>& src = c.value ? a.gv : a.gk;
   const uint32_t row_bytes = static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)});
-  const uint32_t skipped = use_mask ? marked_rows(mask, w, c, lane) : 0;
-  const uint32_t rows = static_cast<uint32_t>(c.n) - skipped;
-  if (skipped == 0 && src.seq_stride == a.head_dim) {  // consecutive rows: one copy
+  const ChunkMarks m = use_mask ? chunk_marks(mask, w, c, lane) : ChunkMarks{0, 1};
+  const bool consecutive = src.seq_stride == a.head_dim;
+  const bool whole = consecutive && (m.marked == 0 || m.runs >= kBulkWholeChunkRuns);  // one copy
+  const uint32_t rows = static_cast<uint32_t>(c.n) - (whole ? 0 : m.marked);
+  if (whole) {
     if (lane == 0) {
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
                                            rows * row_bytes);
@@ -149,7 +177,7 @@ __device__ __forceinline__ void bulk_load_chunk(const FusedArgs<T>& a, const uin
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, bar,
                                          rows * row_bytes);
   __syncwarp();
-  if (src.seq_stride == a.head_dim) {  // consecutive rows: one copy per run of unmarked rows
+  if (consecutive) {  // one copy a run of unmarked rows
     for_each_unmarked_run(mask, w, c, lane, [&](int64_t r, int64_t n) {
       bulk_load(stage + r * row_bytes, src.row(c.b, c.j, c.r0 + r), static_cast<uint32_t>(n) * row_bytes, bar);
     });
@@ -224,16 +252,37 @@ __device__ __forceinline__ void zero_run(void* out, int64_t bytes, int lane) {
   for (int64_t u = lane; u < units; u += 32) __stcs(p + u, zero);
 }
 
+// Zeros the marked rows of chunk c's stage, 16 bytes a step, each lane its own rows (a warp a row at a
+// time was slower: a dependent chain a row, perf log b2); lane i starts at the row's 16-byte unit i, so
+// that the lanes' stores spread over the banks (every row starts on the same bank).
+__device__ __forceinline__ void zero_marked_rows(unsigned char* stage, const uint32_t* mask, const BulkWindow& w,
+                                                 const BulkCursor& c, int64_t row_bytes, int lane) {
+  const int units = static_cast<int>(row_bytes / 16);
+  const int first = lane % units;
+  for (int64_t r = lane; r < c.n; r += 32) {
+    if (!row_marked(mask, c.r0 - w.w0 + r)) continue;
+    uint4* row = reinterpret_cast<uint4*>(stage + r * row_bytes);
+    for (int i = 0, u = first; i < units; ++i, u = u + 1 == units ? 0 : u + 1) row[u] = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // Stores the loaded chunk to gk_out / gv_out and zeros to its marked rows (unless a.token_zeros). Zeros go
-// from registers: zero-filling the stage needed a proxy fence, a round trip a chunk (perf log v4).
+// from registers (v4), except in a chunk stored whole (kBulkWholeChunkRuns): its stage's marked rows are
+// zeroed, and a proxy fence orders them before the bulk store (no cost measured: perf log b2).
 template <typename T>
 __device__ __forceinline__ void bulk_store_chunk(const FusedArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
                                                  const BulkCursor& c, unsigned char* stage, int lane) {
   const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
   const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
-  const uint32_t marked = marked_rows(mask, w, c, lane);
+  const ChunkMarks m = chunk_marks(mask, w, c, lane);
+  const uint32_t marked = m.marked;
   const bool consecutive = dst.seq_stride == a.head_dim;
   if (marked == 0 && consecutive) {
+    if (lane == 0) bulk_store(dst.row(c.b, c.j, c.r0), stage, c.n * row_bytes);
+  } else if (m.runs >= kBulkWholeChunkRuns && consecutive) {  // every unmarked row is in the stage
+    zero_marked_rows(stage, mask, w, c, row_bytes, lane);     // (with a.token_zeros too: zeros twice)
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);    // the zeros, before the bulk store reads them
+    __syncwarp();
     if (lane == 0) bulk_store(dst.row(c.b, c.j, c.r0), stage, c.n * row_bytes);
   } else if (marked == static_cast<uint32_t>(c.n) && (consecutive || a.token_zeros)) {
     if (!a.token_zeros) zero_run(dst.row(c.b, c.j, c.r0), c.n * row_bytes, lane);
