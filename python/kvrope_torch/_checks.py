@@ -10,28 +10,40 @@ _CUDA_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _CPU_DTYPES = _CUDA_DTYPES + (torch.float64,)
 
 
+# The tensor the others are compared with (its dtype, its device): its name and itself.
+Like = Tuple[str, torch.Tensor]
+
+
+def _dims(shape) -> str:  # "[2, 3, 9, 8]", as the C++ checks print a shape
+    return "[" + ", ".join(str(n) for n in shape) + "]"
+
+
 def _check_last_dim(name: str, x: torch.Tensor) -> None:
     if x.numel() > 0 and x.stride(-1) != 1:
         raise ValueError(f"kvrope: {name}'s last dim must be contiguous (stride 1), not {x.stride(-1)}")
 
 
-def _check_rows(name: str, x: torch.Tensor, like: torch.Tensor, shape) -> None:
-    if x.device != like.device:
-        raise ValueError(f"kvrope: {name} is on {x.device}, key_states on {like.device}")
-    if x.dtype != like.dtype:
-        raise TypeError(f"kvrope: {name} is {x.dtype}, key_states {like.dtype}: every float tensor has one dtype")
+def _check_rows(name: str, x: torch.Tensor, like: Like, shape) -> None:
+    like_name, like_x = like
+    if x.device != like_x.device:
+        raise ValueError(f"kvrope: {name} is on {x.device}, {like_name} on {like_x.device}")
+    if x.dtype != like_x.dtype:
+        raise TypeError(f"kvrope: {name} is {x.dtype}, {like_name} {like_x.dtype}: every float tensor has one dtype")
     if tuple(x.shape) != tuple(shape):
-        raise ValueError(f"kvrope: {name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+        raise ValueError(f"kvrope: {name} has shape {_dims(x.shape)}, expected {_dims(shape)}")
     _check_last_dim(name, x)
 
 
-def _check_positions(name: str, p: torch.Tensor, like: torch.Tensor, shapes) -> None:
-    if p.device != like.device:
-        raise ValueError(f"kvrope: {name} is on {p.device}, key_states on {like.device}")
+def _check_positions(name: str, p: torch.Tensor, like: Like, s: int, batch: int = 0) -> None:
+    """Positions [S], or also [B, S] where batch > 0."""
+    like_name, like_x = like
+    if p.device != like_x.device:
+        raise ValueError(f"kvrope: {name} is on {p.device}, {like_name} on {like_x.device}")
     if p.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"kvrope: {name} must be int32 or int64, not {p.dtype}")
-    if tuple(p.shape) not in [tuple(s) for s in shapes]:
-        raise ValueError(f"kvrope: {name} has shape {tuple(p.shape)}, expected one of {[tuple(s) for s in shapes]}")
+    if tuple(p.shape) != (s,) and (batch == 0 or tuple(p.shape) != (batch, s)):
+        batched = f" or [{batch}, {s}]" if batch > 0 else ""
+        raise ValueError(f"kvrope: {name} has shape {_dims(p.shape)}, expected [{s}]{batched}")
     if p.numel() > 0 and p.stride(-1) != 1:
         raise ValueError(f"kvrope: {name} must be contiguous")
 
@@ -40,10 +52,10 @@ def _first_rows(name: str, x: torch.Tensor, dims: str) -> Tuple[int, int, int, i
     """The sizes of the call's first tensor of head rows, whose dtype and device the others must share;
     its last dim contiguous."""
     if x.dim() != 4:
-        raise ValueError(f"kvrope: {name} must be [{dims}], got {tuple(x.shape)}")
-    allowed = _CUDA_DTYPES if x.is_cuda else _CPU_DTYPES
-    if x.dtype not in allowed:
-        raise TypeError(f"kvrope: {x.device.type} tensors must be one of {allowed}, not {x.dtype}")
+        raise ValueError(f"kvrope: {name} must be [{dims}], got {_dims(x.shape)}")
+    if x.dtype not in (_CUDA_DTYPES if x.is_cuda else _CPU_DTYPES):
+        also = "" if x.is_cuda else " or float64"
+        raise TypeError(f"kvrope: {x.device.type} tensors must be bfloat16, float16, float32{also}, not {x.dtype}")
     if x.shape[3] % 2:
         raise ValueError(f"kvrope: head_dim must be even, not {x.shape[3]}")
     _check_last_dim(name, x)
@@ -53,21 +65,22 @@ def _first_rows(name: str, x: torch.Tensor, dims: str) -> Tuple[int, int, int, i
 def _check_heads(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  cache_position: torch.Tensor) -> Tuple[int, int, int, int, int]:
     b, h, s, d = _first_rows("key_states", k, "B, H, S, D")
+    like = ("key_states", k)
     if key_cache.dim() != 4:
-        raise ValueError(f"kvrope: key_cache must be [B, H, S_max, D], got {tuple(key_cache.shape)}")
+        raise ValueError(f"kvrope: key_cache must be [B, H, S_max, D], got {_dims(key_cache.shape)}")
     s_max = key_cache.shape[2]
-    _check_rows("value_states", v, k, (b, h, s, d))
-    _check_rows("key_cache", key_cache, k, (b, h, s_max, d))
-    _check_rows("value_cache", value_cache, k, (b, h, s_max, d))
-    _check_positions("cache_position", cache_position, k, [(s,)])
+    _check_rows("value_states", v, like, (b, h, s, d))
+    _check_rows("key_cache", key_cache, like, (b, h, s_max, d))
+    _check_rows("value_cache", value_cache, like, (b, h, s_max, d))
+    _check_positions("cache_position", cache_position, like, s)
     return b, h, s, s_max, d
 
 
-def _check_tables(cos: torch.Tensor, sin: torch.Tensor, like: torch.Tensor, b: int, s: int, d: int) -> None:
+def _check_tables(cos: torch.Tensor, sin: torch.Tensor, like: Like, b: int, s: int, d: int) -> None:
     if cos is None or sin is None:
         raise ValueError("kvrope: give cos and sin (per-token tables), or cos_sin_cache and position_ids")
     if cos.dim() != 3 or cos.shape[0] not in (1, b) or cos.shape[1] != s:
-        raise ValueError(f"kvrope: cos must be [B, S, R] or [1, S, R] with B={b}, S={s}, got {tuple(cos.shape)}")
+        raise ValueError(f"kvrope: cos must be [B, S, R] or [1, S, R] with B={b}, S={s}, got {_dims(cos.shape)}")
     r = cos.shape[2]
     if r % 2 or r == 0 or r > d:
         raise ValueError(f"kvrope: the rotary dim R = cos.shape[-1] must be even and in (0, D={d}], not {r}")
@@ -86,40 +99,41 @@ def _check_rotation(rotary_dim: int, style: int, table: torch.Tensor) -> None:
 def check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim,
                   style) -> None:
     b, _, s, _, d = _check_heads(key_states, value_states, key_cache, value_cache, cache_position)
-    _check_tables(cos, sin, key_states, b, s, d)
+    _check_tables(cos, sin, ("key_states", key_states), b, s, d)
     _check_rotation(rotary_dim, style, cos)
 
 
 def check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                    position_ids, query, query_out, key_out, error_flag, rotary_dim, style) -> None:
     b, h, s, s_max, d = _check_heads(key_states, value_states, key_cache, value_cache, cache_position)
+    like = ("key_states", key_states)
     if cos_sin_cache is not None:
         if cos is not None or sin is not None:
             raise ValueError("kvrope: give either cos and sin or cos_sin_cache, not both")
         if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] % 2 or not 0 < cos_sin_cache.shape[1] <= d:
             raise ValueError(f"kvrope: cos_sin_cache must be [max_pos, R] with R even in (0, D={d}], "
-                             f"got {tuple(cos_sin_cache.shape)}")
+                             f"got {_dims(cos_sin_cache.shape)}")
         if cos_sin_cache.dtype not in (key_states.dtype, torch.float32) or cos_sin_cache.device != key_states.device:
             raise TypeError("kvrope: cos_sin_cache must be on key_states' device, in its dtype or float32")
         if not cos_sin_cache.is_contiguous():
             raise ValueError("kvrope: cos_sin_cache must be contiguous")
         if position_ids is None:
             raise ValueError("kvrope: cos_sin_cache needs position_ids")
-        _check_positions("position_ids", position_ids, key_states, [(s,), (b, s)])
+        _check_positions("position_ids", position_ids, like, s, b)
         if position_ids.dtype != cache_position.dtype:
             raise TypeError("kvrope: position_ids and cache_position must have one dtype")
     else:
-        _check_tables(cos, sin, key_states, b, s, d)
+        _check_tables(cos, sin, like, b, s, d)
     if query is not None:
         if query.dim() != 4 or query.shape[0] != b or query.shape[2] != s or query.shape[3] != d:
-            raise ValueError(f"kvrope: query must be [B, Hq, S, D] with B={b}, S={s}, D={d}, got {tuple(query.shape)}")
-        _check_rows("query", query, key_states, query.shape)
+            raise ValueError(f"kvrope: query must be [B, Hq, S, D] with B={b}, S={s}, D={d}, got {_dims(query.shape)}")
+        _check_rows("query", query, like, query.shape)
         if query_out is not None:
-            _check_rows("query_out", query_out, key_states, query.shape)
+            _check_rows("query_out", query_out, like, query.shape)
     elif query_out is not None:
         raise ValueError("kvrope: query_out needs query")
     if key_out is not None:
-        _check_rows("key_out", key_out, key_states, key_states.shape)
+        _check_rows("key_out", key_out, like, key_states.shape)
     if error_flag is not None and (error_flag.dtype != torch.int32 or error_flag.numel() != 1 or
                                    error_flag.device != key_states.device):
         raise ValueError("kvrope: error_flag must be an int32 tensor of one element on key_states' device")
@@ -129,14 +143,15 @@ def check_forward_(key_states, value_states, key_cache, value_cache, cache_posit
 def check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
                    table_grads) -> None:
     b, h, s_max, d = _first_rows("grad_key_cache", grad_key_cache, "B, H, S_max, D")
-    _check_rows("grad_value_cache", grad_value_cache, grad_key_cache, (b, h, s_max, d))
+    like = ("grad_key_cache", grad_key_cache)
+    _check_rows("grad_value_cache", grad_value_cache, like, (b, h, s_max, d))
     if cache_position.dim() != 1:
-        raise ValueError(f"kvrope: cache_position must be [S], got {tuple(cache_position.shape)}")
+        raise ValueError(f"kvrope: cache_position must be [S], got {_dims(cache_position.shape)}")
     s = cache_position.shape[0]
-    _check_positions("cache_position", cache_position, grad_key_cache, [(s,)])
-    _check_tables(cos, sin, grad_key_cache, b, s, d)
+    _check_positions("cache_position", cache_position, like, s)
+    _check_tables(cos, sin, like, b, s, d)
     if table_grads:
         if key_states is None:
             raise ValueError("kvrope: table gradients need key_states")
-        _check_rows("key_states", key_states, grad_key_cache, (b, h, s, d))
+        _check_rows("key_states", key_states, like, (b, h, s, d))
     _check_rotation(rotary_dim, style, cos)

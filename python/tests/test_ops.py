@@ -264,6 +264,10 @@ def test_errors_are_clear(device):
     gk, gv = torch.randn_like(kc), torch.randn_like(vc)
     with pytest.raises(ValueError, match="table gradients need key_states"):
         kvrope_torch.backward(gk, gv, None, cos, sin, pos)
+    with pytest.raises(TypeError, match="grad_value_cache is .*, grad_key_cache .*: every float tensor has one dtype"):
+        kvrope_torch.backward(gk, gv.half(), k, cos, sin, pos)  # named against the backward's first tensor
+    with pytest.raises(ValueError, match=r"grad_value_cache has shape \[2, 3, 8, 8\], expected \[2, 3, 9, 8\]"):
+        kvrope_torch.backward_(gk, gv[:, :, :8], k, cos, sin, pos)
     with pytest.raises(ValueError, match="last dim must be contiguous"):  # an expanded gradient, stride 0
         kvrope_torch.backward_(gk, torch.ones(1, device=device).expand_as(gv), k, cos, sin, pos)
     with pytest.raises(ValueError, match="rotary_dim 4 differs"):
