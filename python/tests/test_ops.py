@@ -125,24 +125,26 @@ def check_fake_strides(op, args):
             f"{op}: output {i} has shape {tuple(r.shape)}, strides {r.stride()}; the fake one {tuple(f.shape)}, {f.stride()}"
 
 
-class FunctionCalls(TorchFunctionMode):
+class Seen:
+    """A mode's record of the functions it saw."""
+
     def __init__(self):
         super().__init__()
         self.seen = []
 
+    def record(self, func, args, kwargs):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class FunctionCalls(Seen, TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
+        return self.record(func, args, kwargs)
 
 
-class DispatchCalls(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
+class DispatchCalls(Seen, TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
+        return self.record(func, args, kwargs)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
