@@ -24,7 +24,9 @@ done
 run_one() {
   local tool=$1 bin=$2 name=$3 out=$4
   local log
-  log="$out/$tool-$(basename "$bin")-$(printf '%s' "$name" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).log"
+  # (the name cut to 60 characters, then a checksum of the whole: a template test's instances differ
+  # only at its end, and shared one log before)
+  log="$out/$tool-$(basename "$bin")-$(printf '%s' "$name" | tr -c 'A-Za-z0-9' '_' | cut -c1-60)-$(printf '%s' "$name" | cksum | cut -d' ' -f1).log"
   # Catch2 test specs separate alternatives with commas: escape those in the name.
   timeout "${SANITIZE_TIMEOUT:-500}" compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin" "${name//,/\\,}" \
     > "$log" 2>&1
