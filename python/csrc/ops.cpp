@@ -1,7 +1,9 @@
 // The kvrope ops' schemas (namespace kvrope) and their CUDA implementations, which check their
 // arguments (checks.cpp) before any launch; kvrope's validate() checks them again. The CPU
 // implementations, the fake (meta) ones and autograd are registered in Python (kvrope_torch/_ops.py).
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/EmptyTensor.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/library.h>
 
 #include <array>
@@ -129,6 +131,52 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda_inplace
   return {o.gk, o.gv, o.gc, o.gs};
 }
 
+// The in-place ops' ADInplaceOrView kernels: the op below them, then the version counter of every
+// tensor it wrote, as torch's own in-place ops do, so that autograd detects a tensor it saved and one of
+// these ops changed (a custom op gets no such bump from torch; its CPU kernels bump by their writes).
+void bump(const c10::optional<at::Tensor>& x) {
+  if (x.has_value() && x->defined()) torch::autograd::increment_version(*x);
+}
+
+void forward_inplace_versions(c10::DispatchKeySet keys, const at::Tensor& key_states, const at::Tensor& value_states,
+                              const at::Tensor& key_cache, const at::Tensor& value_cache,
+                              const at::Tensor& cache_position, const c10::optional<at::Tensor>& cos,
+                              const c10::optional<at::Tensor>& sin, const c10::optional<at::Tensor>& cos_sin_cache,
+                              const c10::optional<at::Tensor>& position_ids, const c10::optional<at::Tensor>& query,
+                              const c10::optional<at::Tensor>& query_out, const c10::optional<at::Tensor>& key_out,
+                              const c10::optional<at::Tensor>& error_flag, int64_t rotary_dim, int64_t style) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("kvrope::forward_", "").typed<decltype(forward_inplace_cuda)>();
+  {
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatch(keys & c10::after_ADInplaceOrView_keyset, key_states, value_states, key_cache, value_cache,
+                  cache_position, cos, sin, cos_sin_cache, position_ids, query, query_out, key_out, error_flag,
+                  rotary_dim, style);
+  }
+  bump(key_cache);
+  bump(value_cache);
+  bump(query_out.has_value() ? query_out : query);
+  bump(key_out);
+  bump(error_flag);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_inplace_versions(
+    c10::DispatchKeySet keys, const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache,
+    const c10::optional<at::Tensor>& key_states, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& cache_position, int64_t rotary_dim, int64_t style, bool table_grads) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("kvrope::backward_", "").typed<decltype(backward_cuda_inplace)>();
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> out;
+  {
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    out = op.redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_key_cache, grad_value_cache, key_states, cos,
+                        sin, cache_position, rotary_dim, style, table_grads);
+  }
+  bump(grad_key_cache);
+  bump(grad_value_cache);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(kvrope, m) {
@@ -152,6 +200,11 @@ TORCH_LIBRARY(kvrope, m) {
       "backward_(Tensor(a!) grad_key_cache, Tensor(b!) grad_value_cache, Tensor? key_states, Tensor cos, "
       "Tensor sin, Tensor cache_position, int rotary_dim=0, int style=0, bool table_grads=True) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(kvrope, ADInplaceOrView, m) {
+  m.impl("forward_", &forward_inplace_versions);
+  m.impl("backward_", &backward_inplace_versions);
 }
 
 TORCH_LIBRARY_IMPL(kvrope, CUDA, m) {

@@ -6,9 +6,12 @@
 // subclass, torch.compile's tracing) the API sends through torch.ops instead.
 //
 // Arguments in the schema's order, all positional: a tensor, None for an absent optional one, an int,
-// a bool; anything else raises TypeError naming the argument.
+// a bool; anything else raises TypeError naming the argument. As torch.ops does, a call releases the GIL
+// while the op runs (its Python kernels take it back), and the op's C++ warnings become Python warnings
+// before any output is wrapped (a warning that the filters turn into an error then leaks nothing).
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/object_ptr.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -38,8 +41,10 @@ class Args {
     return args_[i] == Py_None ? Optional() : Optional(tensor(i, name));
   }
   int64_t integer(int i, const char* name) const {
-    if (!PyLong_Check(args_[i])) fail(i, name, "an int");
-    return PyLong_AsLongLong(args_[i]);  // (an int beyond int64 raises OverflowError)
+    if (!PyLong_Check(args_[i]) || PyBool_Check(args_[i])) fail(i, name, "an int");
+    const long long v = PyLong_AsLongLong(args_[i]);
+    if (v == -1 && PyErr_Occurred()) throw python_error();  // beyond int64: OverflowError
+    return v;
   }
   bool flag(int i, const char* name) const {
     if (!PyBool_Check(args_[i])) fail(i, name, "a bool");
@@ -54,24 +59,41 @@ class Args {
   PyObject* const* args_;
 };
 
+struct GilReleased {  // as torch.ops runs an op: other Python threads go on meanwhile
+  PyThreadState* state = PyEval_SaveThread();
+  ~GilReleased() { PyEval_RestoreThread(state); }
+};
+
 template <typename Signature>
 c10::TypedOperatorHandle<Signature> op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
 template <typename... Ts>
-PyObject* wrap(const std::tuple<Ts...>& outs) {  // a new tuple, or nullptr with the error set
+PyObject* wrap(const std::tuple<Ts...>& outs) {  // a new tuple; throws python_error with the error set
   const auto xs = std::apply([](const auto&... x) { return std::array<const Tensor*, sizeof...(Ts)>{&x...}; }, outs);
-  PyObject* t = PyTuple_New(sizeof...(Ts));
-  for (size_t i = 0; t != nullptr && i < xs.size(); ++i) {
+  THPObjectPtr t(PyTuple_New(sizeof...(Ts)));
+  if (!t) throw python_error();
+  for (size_t i = 0; i < xs.size(); ++i) {
     PyObject* x = THPVariable_Wrap(*xs[i]);
-    if (x == nullptr) {
-      Py_DECREF(t);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(t, i, x);
+    if (x == nullptr) throw python_error();
+    PyTuple_SET_ITEM(t.get(), i, x);
   }
-  return t;
+  return t.release();
+}
+
+// Calls the op: the GIL released, its warnings raised (or turned into errors) on return, before the
+// caller wraps what it returns.
+template <typename Signature, typename... Args>
+auto run(const c10::TypedOperatorHandle<Signature>& op, const Args&... args) {
+  torch::PyWarningHandler warnings;
+  try {
+    const GilReleased released;
+    return op.call(args...);
+  } catch (...) {
+    warnings.set_in_exception();  // (its destructor must not throw while this propagates)
+    throw;
+  }
 }
 
 using Tensors3 = std::tuple<Tensor, Tensor, Tensor>;
@@ -90,9 +112,9 @@ PyObject* forward(PyObject*, PyObject* const* args, Py_ssize_t n) {
   HANDLE_TH_ERRORS
   static const auto call = op<ForwardSig>("kvrope::forward");
   const Args a("kvrope.forward", args, n, 9);
-  return wrap(call.call(a.tensor(0, "key_states"), a.tensor(1, "value_states"), a.tensor(2, "key_cache"),
-                        a.tensor(3, "value_cache"), a.tensor(4, "cache_position"), a.tensor(5, "cos"),
-                        a.tensor(6, "sin"), a.integer(7, "rotary_dim"), a.integer(8, "style")));
+  return wrap(run(call, a.tensor(0, "key_states"), a.tensor(1, "value_states"), a.tensor(2, "key_cache"),
+                  a.tensor(3, "value_cache"), a.tensor(4, "cache_position"), a.tensor(5, "cos"), a.tensor(6, "sin"),
+                  a.integer(7, "rotary_dim"), a.integer(8, "style")));
   END_HANDLE_TH_ERRORS
 }
 
@@ -100,11 +122,11 @@ PyObject* forward_(PyObject*, PyObject* const* args, Py_ssize_t n) {
   HANDLE_TH_ERRORS
   static const auto call = op<ForwardInPlaceSig>("kvrope::forward_");
   const Args a("kvrope.forward_", args, n, 15);
-  call.call(a.tensor(0, "key_states"), a.tensor(1, "value_states"), a.tensor(2, "key_cache"),
-            a.tensor(3, "value_cache"), a.tensor(4, "cache_position"), a.optional(5, "cos"), a.optional(6, "sin"),
-            a.optional(7, "cos_sin_cache"), a.optional(8, "position_ids"), a.optional(9, "query"),
-            a.optional(10, "query_out"), a.optional(11, "key_out"), a.optional(12, "error_flag"),
-            a.integer(13, "rotary_dim"), a.integer(14, "style"));
+  run(call, a.tensor(0, "key_states"), a.tensor(1, "value_states"), a.tensor(2, "key_cache"),
+      a.tensor(3, "value_cache"), a.tensor(4, "cache_position"), a.optional(5, "cos"), a.optional(6, "sin"),
+      a.optional(7, "cos_sin_cache"), a.optional(8, "position_ids"), a.optional(9, "query"),
+      a.optional(10, "query_out"), a.optional(11, "key_out"), a.optional(12, "error_flag"), a.integer(13, "rotary_dim"),
+      a.integer(14, "style"));
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -113,9 +135,9 @@ template <typename Out>
 PyObject* backward_any(const char* schema, const char* name, PyObject* const* args, Py_ssize_t n) {
   static const auto call = op<BackwardSig<Out>>(schema);
   const Args a(name, args, n, 9);
-  return wrap(call.call(a.tensor(0, "grad_key_cache"), a.tensor(1, "grad_value_cache"), a.optional(2, "key_states"),
-                        a.tensor(3, "cos"), a.tensor(4, "sin"), a.tensor(5, "cache_position"),
-                        a.integer(6, "rotary_dim"), a.integer(7, "style"), a.flag(8, "table_grads")));
+  return wrap(run(call, a.tensor(0, "grad_key_cache"), a.tensor(1, "grad_value_cache"), a.optional(2, "key_states"),
+                  a.tensor(3, "cos"), a.tensor(4, "sin"), a.tensor(5, "cache_position"), a.integer(6, "rotary_dim"),
+                  a.integer(7, "style"), a.flag(8, "table_grads")));
 }
 
 PyObject* backward(PyObject*, PyObject* const* args, Py_ssize_t n) {

@@ -85,6 +85,7 @@ def backward(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_s
     of the incoming value cache). grad cos / sin have the tables' shape (summed over the batch for
     [1, S, R] tables) and are empty when ``table_grads`` is False (then key_states may be None)."""
     _tables(cos, sin)
+    table_grads = bool(table_grads)
     return _call(_BACKWARD, grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
                  cache_position, 0, _style(style), table_grads)
 
@@ -95,5 +96,6 @@ def backward_(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_
     """The backward, in place: returns (grad k, grad v, grad cos, grad sin); grad_key_cache and
     grad_value_cache become the incoming caches' gradients (their rows cache_position zeroed)."""
     _tables(cos, sin)
+    table_grads = bool(table_grads)
     return _call(_BACKWARD_INPLACE, grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
                  cache_position, 0, _style(style), table_grads)

@@ -175,6 +175,31 @@ def test_api_calls_the_ops(device):
         kvrope_torch._C.backward_(gk, gv, k, cos, sin, pos, 0, 0, 1)
     with pytest.raises(TypeError, match="kvrope.forward_ takes 15 arguments, not 2"):
         kvrope_torch._C.forward_(k, v)
+    with pytest.raises(OverflowError):
+        kvrope_torch._C.backward(gk, gv, k, cos, sin, pos, 2**70, 0, True)
+    with pytest.raises(TypeError, match="kvrope.backward: rotary_dim must be an int, not bool"):
+        kvrope_torch._C.backward(gk, gv, k, cos, sin, pos, True, 0, True)
+    for got, want in zip(kvrope_torch.backward(gk, gv, k, cos, sin, pos, table_grads=1),  # any truth value
+                         ops.backward.default(gk, gv, k, cos, sin, pos, 0, 0, True)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_in_place_ops_bump_versions(device):
+    """forward_ and backward_ bump the version counters of the tensors they write, as torch's in-place ops
+    do, so that autograd detects a tensor it saved and one of them changed."""
+    k, v, kc, vc, pos, cos, sin = small(torch.float32, device)
+    ko, gk, gv = torch.empty_like(k), torch.randn_like(kc), torch.randn_like(vc)
+    written = (kc, vc, ko, gk, gv)
+    before = [t._version for t in written]
+    kvrope_torch.forward_(k, v, kc, vc, pos, cos, sin, key_out=ko)
+    kvrope_torch.backward_(gk, gv, k, cos, sin, pos)
+    assert all(t._version > b for t, b in zip(written, before)), [t._version for t in written]
+    x = torch.randn_like(kc).requires_grad_()
+    y = (x * kc).sum()  # saves kc for its backward
+    kvrope_torch.forward_(k, v, kc, vc, pos, cos, sin)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
 
 
 @pytest.mark.parametrize("style", STYLES)
