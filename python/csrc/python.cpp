@@ -84,8 +84,8 @@ PyObject* wrap(const std::tuple<Ts...>& outs) {  // a new tuple; throws python_e
 
 // Calls the op: the GIL released, its warnings raised (or turned into errors) on return, before the
 // caller wraps what it returns.
-template <typename Signature, typename... Args>
-auto run(const c10::TypedOperatorHandle<Signature>& op, const Args&... args) {
+template <typename Signature, typename... Ts>
+auto run(const c10::TypedOperatorHandle<Signature>& op, const Ts&... args) {
   torch::PyWarningHandler warnings;
   try {
     const GilReleased released;
