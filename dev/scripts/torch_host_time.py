@@ -5,9 +5,9 @@ call to return, median of --iters calls with the device synchronized before each
 argument parsing, the dispatcher, the C++ checks, six allocations, the launch), its C++ entry
 (kvrope_torch._C, as the API calls it: the same without torch.ops' parsing), the overload under
 inference mode (no autograd keys), six output allocations from Python, one small torch kernel (fill_)
-and a CUDA event's record() for scale. Part 2: the CUDA-event clock of bench/torch_compare.py (synchronize, record, call, record) on one
-call, against a fill_, median of --iters, without and with an L2 flush (a write of twice the L2)
-before each call. Part 3: a torch.profiler table of --iters API backward calls
+and a CUDA event's record() for scale. Part 2: the CUDA-event clock of bench/torch_compare.py
+(synchronize, record, call, record) on one call, against a fill_, median of --iters, without and with
+an L2 flush (a write of twice the L2) before each call. Part 3: a torch.profiler table of --iters API backward calls
 (self CPU time per op and CUDA runtime call). Parts 4 and 5: parts 2 and 1 again, after the profiler
 has run in the process. The backward on one leaderboard shape (default case 8:
 B 1, S 1, S_max 256). Runs on CPU tensors too (--device cpu; parts 1 only), where the ops compute on
@@ -72,10 +72,11 @@ def main():
                 torch.empty_like(sin), torch.empty_like(gk), torch.empty_like(gv))
 
     api_backward = lambda: kvrope_torch.backward(gk, gv, k, cos, sin, pos)  # noqa: E731
+    api_backward_ = lambda: kvrope_torch.backward_(gk_, gv_, k, cos, sin, pos)  # noqa: E731
     fill = lambda: k.fill_(1.0)  # noqa: E731
     parts = [
         ("API kvrope_torch.backward", api_backward),
-        ("API kvrope_torch.backward_", lambda: kvrope_torch.backward_(gk_, gv_, k, cos, sin, pos)),
+        ("API kvrope_torch.backward_", api_backward_),
         ("API kvrope_torch.forward_ (key_out)", lambda: kvrope_torch.forward_(k, v, kc, vc, pos, cos, sin, key_out=ko)),
         ("the Python checks of the CPU ops",
          lambda: _checks.check_backward(gk, gv, k, cos, sin, pos, 0, 0, True)),
@@ -101,9 +102,8 @@ def main():
         return
     flushed, unflushed = Clock(), Clock()
     unflushed.flush = lambda: None
-    event_parts = [("API kvrope_torch.backward", api_backward), ("API kvrope_torch.backward_",
-                   lambda: kvrope_torch.backward_(gk_, gv_, k, cos, sin, pos)), ("fill_", fill),
-                   ("nothing", lambda: None)]
+    event_parts = [("API kvrope_torch.backward", api_backward), ("API kvrope_torch.backward_", api_backward_),
+                   ("fill_", fill), ("nothing", lambda: None)]
 
     def part2(title):
         print(f"{title}: CUDA-event clock as bench/torch_compare.py, us: L2 not flushed / flushed before each")

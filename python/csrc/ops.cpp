@@ -1,7 +1,6 @@
 // The kvrope ops' schemas (namespace kvrope) and their CUDA implementations, which check their
 // arguments (checks.cpp) before any launch; kvrope's validate() checks them again. The CPU
 // implementations, the fake (meta) ones and autograd are registered in Python (kvrope_torch/_ops.py).
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/library.h>
@@ -145,8 +144,7 @@ void forward_inplace_versions(c10::DispatchKeySet keys, const at::Tensor& key_st
                               const c10::optional<at::Tensor>& position_ids, const c10::optional<at::Tensor>& query,
                               const c10::optional<at::Tensor>& query_out, const c10::optional<at::Tensor>& key_out,
                               const c10::optional<at::Tensor>& error_flag, int64_t rotary_dim, int64_t style) {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("kvrope::forward_", "").typed<decltype(forward_inplace_cuda)>();
+  static const auto op = typed_op<decltype(forward_inplace_cuda)>("kvrope::forward_");
   {
     const at::AutoDispatchBelowADInplaceOrView guard;
     op.redispatch(keys & c10::after_ADInplaceOrView_keyset, key_states, value_states, key_cache, value_cache,
@@ -164,8 +162,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_inplace_vers
     c10::DispatchKeySet keys, const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache,
     const c10::optional<at::Tensor>& key_states, const at::Tensor& cos, const at::Tensor& sin,
     const at::Tensor& cache_position, int64_t rotary_dim, int64_t style, bool table_grads) {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("kvrope::backward_", "").typed<decltype(backward_cuda_inplace)>();
+  static const auto op = typed_op<decltype(backward_cuda_inplace)>("kvrope::backward_");
   std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> out;
   {
     const at::AutoDispatchBelowADInplaceOrView guard;

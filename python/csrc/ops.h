@@ -3,9 +3,16 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Optional.h>
 
 namespace kvrope_torch {
+
+//! The dispatcher's handle of op `name` ("kvrope::backward"), typed by its C++ signature.
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> typed_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
 
 //! kvrope::forward_: k, v rotated / copied into the caches at cache_position (in place), RoPE(k) into
 //! key_out when given, q rotated into query_out (or in place when query_out is absent).

@@ -13,11 +13,11 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/object_ptr.h>
 
-#include <ATen/core/dispatch/Dispatcher.h>
-
 #include <array>
 #include <string>
 #include <tuple>
+
+#include "ops.h"
 
 namespace kvrope_torch {
 namespace {
@@ -64,11 +64,6 @@ struct GilReleased {  // as torch.ops runs an op: other Python threads go on mea
   ~GilReleased() { PyEval_RestoreThread(state); }
 };
 
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
-
 template <typename... Ts>
 PyObject* wrap(const std::tuple<Ts...>& outs) {  // a new tuple; throws python_error with the error set
   const auto xs = std::apply([](const auto&... x) { return std::array<const Tensor*, sizeof...(Ts)>{&x...}; }, outs);
@@ -110,7 +105,7 @@ using BackwardSig = Out(const Tensor&, const Tensor&, const Optional&, const Ten
 
 PyObject* forward(PyObject*, PyObject* const* args, Py_ssize_t n) {
   HANDLE_TH_ERRORS
-  static const auto call = op<ForwardSig>("kvrope::forward");
+  static const auto call = typed_op<ForwardSig>("kvrope::forward");
   const Args a("kvrope.forward", args, n, 9);
   return wrap(run(call, a.tensor(0, "key_states"), a.tensor(1, "value_states"), a.tensor(2, "key_cache"),
                   a.tensor(3, "value_cache"), a.tensor(4, "cache_position"), a.tensor(5, "cos"), a.tensor(6, "sin"),
@@ -120,7 +115,7 @@ PyObject* forward(PyObject*, PyObject* const* args, Py_ssize_t n) {
 
 PyObject* forward_(PyObject*, PyObject* const* args, Py_ssize_t n) {
   HANDLE_TH_ERRORS
-  static const auto call = op<ForwardInPlaceSig>("kvrope::forward_");
+  static const auto call = typed_op<ForwardInPlaceSig>("kvrope::forward_");
   const Args a("kvrope.forward_", args, n, 15);
   run(call, a.tensor(0, "key_states"), a.tensor(1, "value_states"), a.tensor(2, "key_cache"),
       a.tensor(3, "value_cache"), a.tensor(4, "cache_position"), a.optional(5, "cos"), a.optional(6, "sin"),
@@ -133,7 +128,7 @@ PyObject* forward_(PyObject*, PyObject* const* args, Py_ssize_t n) {
 
 template <typename Out>
 PyObject* backward_any(const char* schema, const char* name, PyObject* const* args, Py_ssize_t n) {
-  static const auto call = op<BackwardSig<Out>>(schema);
+  static const auto call = typed_op<BackwardSig<Out>>(schema);
   const Args a(name, args, n, 9);
   return wrap(run(call, a.tensor(0, "grad_key_cache"), a.tensor(1, "grad_value_cache"), a.optional(2, "key_states"),
                   a.tensor(3, "cos"), a.tensor(4, "sin"), a.tensor(5, "cache_position"), a.integer(6, "rotary_dim"),

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 import torch
 from torch.overrides import has_torch_function
 
-from . import _C, _ops
+from . import _C, _checks, _ops
 from ._math import INTERLEAVED, ROTATE_HALF
 
 __all__ = ["forward", "forward_", "backward", "backward_", "ERROR_POSITION_OUT_OF_RANGE",
@@ -36,11 +36,6 @@ def _call(op, *args):
     return from_cpp(*args)
 
 
-def _tables(cos: Optional[torch.Tensor], sin: Optional[torch.Tensor]) -> None:
-    if cos is None or sin is None:
-        raise ValueError("kvrope: give cos and sin (per-token tables), or cos_sin_cache and position_ids")
-
-
 def _style(style: str) -> int:
     code = _STYLES.get(style)
     if code is None:
@@ -57,7 +52,7 @@ def forward(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: tor
     Repeated positions: the last token naming a row wins; a position outside [-S_max, S_max) writes no
     row. Gradients flow to k, v, cos, sin and both incoming caches through ``kvrope::backward``
     (docs/spec.md section 1: with a repeated row every token receives that row's gradient)."""
-    _tables(cos, sin)
+    _checks.check_tables_given(cos, sin)
     return _call(_FORWARD, key_states, value_states, key_cache, value_cache, cache_position, cos, sin, 0,
                  _style(style))
 
@@ -84,7 +79,7 @@ def backward(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_s
     """The backward, out of place: (grad k, grad v, grad cos, grad sin, grad of the incoming key cache,
     of the incoming value cache). grad cos / sin have the tables' shape (summed over the batch for
     [1, S, R] tables) and are empty when ``table_grads`` is False (then key_states may be None)."""
-    _tables(cos, sin)
+    _checks.check_tables_given(cos, sin)
     table_grads = bool(table_grads)
     return _call(_BACKWARD, grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
                  cache_position, 0, _style(style), table_grads)
@@ -95,7 +90,7 @@ def backward_(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_
               table_grads: bool = True) -> Tuple[torch.Tensor, ...]:
     """The backward, in place: returns (grad k, grad v, grad cos, grad sin); grad_key_cache and
     grad_value_cache become the incoming caches' gradients (their rows cache_position zeroed)."""
-    _tables(cos, sin)
+    _checks.check_tables_given(cos, sin)
     table_grads = bool(table_grads)
     return _call(_BACKWARD_INPLACE, grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
                  cache_position, 0, _style(style), table_grads)

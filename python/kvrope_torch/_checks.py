@@ -76,9 +76,14 @@ def _check_heads(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, valu
     return b, h, s, s_max, d
 
 
-def _check_tables(cos: torch.Tensor, sin: torch.Tensor, like: Like, b: int, s: int, d: int) -> None:
+def check_tables_given(cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Both per-token tables given (the API's one check: a schema's Tensor cannot say it)."""
     if cos is None or sin is None:
         raise ValueError("kvrope: give cos and sin (per-token tables), or cos_sin_cache and position_ids")
+
+
+def _check_tables(cos: torch.Tensor, sin: torch.Tensor, like: Like, b: int, s: int, d: int) -> None:
+    check_tables_given(cos, sin)
     if cos.dim() != 3 or cos.shape[0] not in (1, b) or cos.shape[1] != s:
         raise ValueError(f"kvrope: cos must be [B, S, R] or [1, S, R] with B={b}, S={s}, got {_dims(cos.shape)}")
     r = cos.shape[2]
