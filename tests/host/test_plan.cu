@@ -82,6 +82,17 @@ TEST_CASE("out of place: a small cache is cut into smaller chunks, speculated, i
   CHECK(c.token_zeros);
 }
 
+TEST_CASE("out of place: a head's rows are spread evenly over its chunks, no short last chunk", "[host][plan]") {
+  for (const int64_t head_dim : {80, 96}) {  // 204 and 170 rows a 32 KiB stage: 10.04 and 12.05 of 2 048
+    INFO("head_dim " << head_dim);
+    const LaunchConfig c = plan_fused(shape(2, 8, 256, 2048, head_dim, false));
+    REQUIRE(c.plan.bulk_copy);
+    const int64_t rows = c.bulk_chunk_rows, chunks = (2048 + rows - 1) / rows;
+    CHECK(rows * head_dim * 2 <= 32768);
+    CHECK(rows * chunks - 2048 < chunks);  // the last chunk at most one row a chunk short of the others
+  }
+}
+
 TEST_CASE("out of place: a large cache is shared through the workspace, never without one", "[host][plan]") {
   unsigned int word = 0;
   const auto a = shape(16, 8, 919, 8192, 128, false);  // leaderboard case 2

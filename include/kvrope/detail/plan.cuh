@@ -232,6 +232,11 @@ void plan_fused_grid(FusedArgs<T>& f, const LaunchPolicy& policy, int sms, int r
       f.bulk_chunk_rows /= 2;
       chunks = bulk_window(f, row_window(f, 0)).total;
     }
+    // The same chunks a slab, their rows spread evenly: no short last chunk (D = 80 or 96 at 2048 rows:
+    // 10.04 and 12.05 chunks of 32 KiB).
+    const int64_t slab_rows = row_window(f, 0).wlen;
+    const int64_t per_slab = (slab_rows + f.bulk_chunk_rows - 1) / f.bulk_chunk_rows;
+    f.bulk_chunk_rows = static_cast<int>((slab_rows + per_slab - 1) / per_slab);
     const int64_t token_blocks = (tokens + f.token_warps - 1) / f.token_warps;
     grid = std::clamp<int64_t>(std::max(chunks, token_blocks), 1, grid_max);
     // The first chunks load before the bitmask when its positions load in few rounds (a later round

@@ -66,28 +66,23 @@ struct BulkRing {
 
 //! Chunk c's rows marked in the mask, and its runs of unmarked rows (each start of one: an unmarked row
 //! first in the chunk or after a marked one), the same in every lane: lane k reads the chunk's k-th mask
-//! word, rows outside the chunk counted as marked.
+//! word and the top bit of the word before it (no shuffles), rows outside the chunk counted as marked.
 struct ChunkMarks {
   uint32_t marked, runs;
 };
 __device__ __forceinline__ ChunkMarks chunk_marks(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
                                                   int lane) {
-  const int64_t base = c.r0 - w.w0, end = base + c.n;  // the chunk's rows in the window
-  const int64_t first = base >> 5, words = ((end - 1) >> 5) - first + 1;
-  uint32_t counts = 0, carry = 1u;  // marked | runs << 16; the bit below the group's first word
-  for (int64_t k0 = 0; k0 < words; k0 += 32) {
-    const int64_t k = k0 + lane, row0 = (first + k) * 32;  // the word's first row
-    uint32_t word = 0, outside = ~0u;
-    if (k < words) {
-      word = mask[first + k];
-      outside = (row0 < base ? ~(~0u << (base - row0)) : 0u) | (row0 + 32 > end ? ~0u << (end - row0) : 0u);
-      word &= ~outside;
-    }
-    const uint32_t stop = word | outside;  // rows a run cannot hold
-    uint32_t below = __shfl_up_sync(0xffffffffu, stop >> 31, 1);
-    if (lane == 0) below = carry;
+  const int base = static_cast<int>(c.r0 - w.w0), end = base + static_cast<int>(c.n);  // rows in the window
+  const int first = base >> 5, words = ((end - 1) >> 5) - first + 1;
+  uint32_t counts = 0;  // marked | runs << 16
+  for (int k = lane; k < words; k += 32) {
+    const int row0 = (first + k) * 32;  // the word's first row
+    const uint32_t outside =
+        (row0 < base ? ~(~0u << (base - row0)) : 0u) | (row0 + 32 > end ? ~0u << (end - row0) : 0u);
+    const uint32_t word = mask[first + k] & ~outside;
+    const uint32_t stop = word | outside;                         // rows a run cannot hold
+    const uint32_t below = k > 0 ? mask[first + k - 1] >> 31 : 1u;  // the row before the word's first
     counts += __popc(word) | __popc(~stop & (stop << 1 | below)) << 16;
-    carry = __shfl_sync(0xffffffffu, stop >> 31, 31);
   }
   counts = __reduce_add_sync(0xffffffffu, counts);
   return {counts & 0xffffu, counts >> 16};
