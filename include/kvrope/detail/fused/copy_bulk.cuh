@@ -80,7 +80,7 @@ __device__ __forceinline__ ChunkMarks chunk_marks(const uint32_t* mask, const Bu
     const uint32_t outside =
         (row0 < base ? ~(~0u << (base - row0)) : 0u) | (row0 + 32 > end ? ~0u << (end - row0) : 0u);
     const uint32_t word = mask[first + k] & ~outside;
-    const uint32_t stop = word | outside;                         // rows a run cannot hold
+    const uint32_t stop = word | outside;                           // rows a run cannot hold
     const uint32_t below = k > 0 ? mask[first + k - 1] >> 31 : 1u;  // the row before the word's first
     counts += __popc(word) | __popc(~stop & (stop << 1 | below)) << 16;
   }
