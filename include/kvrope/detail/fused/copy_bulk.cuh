@@ -69,6 +69,11 @@ struct BulkRing {
 //! word and the top bit of the word before it (no shuffles), rows outside the chunk counted as marked.
 struct ChunkMarks {
   uint32_t marked, runs;
+
+  // Packed in one word (marked | runs << 16; rows a chunk < 2^16), kUnknown where not counted yet.
+  static constexpr uint32_t kUnknown = ~0u;
+  __device__ __forceinline__ uint32_t packed() const { return marked | runs << 16; }
+  __device__ __forceinline__ static ChunkMarks unpacked(uint32_t p) { return {p & 0xffffu, p >> 16}; }
 };
 __device__ __forceinline__ ChunkMarks chunk_marks(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
                                                   int lane) {
@@ -84,8 +89,7 @@ __device__ __forceinline__ ChunkMarks chunk_marks(const uint32_t* mask, const Bu
     const uint32_t below = k > 0 ? mask[first + k - 1] >> 31 : 1u;  // the row before the word's first
     counts += __popc(word) | __popc(~stop & (stop << 1 | below)) << 16;
   }
-  counts = __reduce_add_sync(0xffffffffu, counts);
-  return {counts & 0xffffu, counts >> 16};
+  return ChunkMarks::unpacked(__reduce_add_sync(0xffffffffu, counts));
 }
 
 // A chunk of this many runs of unmarked rows or more (scattered positions) is loaded whole with one bulk
@@ -148,15 +152,15 @@ __device__ __forceinline__ void bulk_ring_init(const BulkRing& ring, int lane) {
   __syncwarp();
 }
 
-// Starts loading chunk c into a stage, skipping the rows marked in the mask (their outputs are zeros)
-// unless it loads whole (kBulkWholeChunkRuns); without the mask (speculated before it is built) every row.
+// Starts loading chunk c (its marks m) into a stage, skipping the rows marked in the mask (their outputs
+// are zeros) unless it loads whole (kBulkWholeChunkRuns); without the mask (speculated before it is
+// built: m = {0, 1}) every row.
 template <typename T>
 __device__ __forceinline__ void bulk_load_chunk(const FusedArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
-                                                const BulkCursor& c, unsigned char* stage, uint64_t* bar, bool use_mask,
-                                                int lane) {
+                                                const BulkCursor& c, ChunkMarks m, unsigned char* stage, uint64_t* bar,
+                                                bool use_mask, int lane) {
   const HeadRows<const T>& src = c.value ? a.gv : a.gk;
   const uint32_t row_bytes = static_cast<uint32_t>(a.head_dim * int64_t{sizeof(T)});
-  const ChunkMarks m = use_mask ? chunk_marks(mask, w, c, lane) : ChunkMarks{0, 1};
   const bool consecutive = src.seq_stride == a.head_dim;
   const bool whole = consecutive && (m.marked == 0 || m.runs >= kBulkWholeChunkRuns);  // one copy
   const uint32_t rows = static_cast<uint32_t>(c.n) - (whole ? 0 : m.marked);
@@ -211,7 +215,7 @@ __device__ __forceinline__ int64_t bulk_speculate(const FusedArgs<T>& a, const u
   }
   BulkCursor c = BulkCursor::at(w, range.begin);
   for (int64_t i = 0; i < count; ++i, c.next(w))
-    bulk_load_chunk(a, mask, w, c, ring.stage(static_cast<int>(i)), ring.bars + i, false, lane);
+    bulk_load_chunk(a, mask, w, c, ChunkMarks{0, 1}, ring.stage(static_cast<int>(i)), ring.bars + i, false, lane);
   return count;
 }
 
@@ -263,13 +267,14 @@ __device__ __forceinline__ void zero_marked_rows(unsigned char* stage, const uin
 
 // Stores the loaded chunk to gk_out / gv_out and zeros to its marked rows (unless a.token_zeros). Zeros go
 // from registers (v4), except in a chunk stored whole (kBulkWholeChunkRuns): its stage's marked rows are
-// zeroed, and a proxy fence orders them before the bulk store (no cost measured: perf log b2).
+// zeroed, and a proxy fence orders them before the bulk store (no cost measured: perf log b2). `marks`:
+// the chunk's marks as its load counted them, packed (ChunkMarks::kUnknown: a speculated load's chunk).
 template <typename T>
 __device__ __forceinline__ void bulk_store_chunk(const FusedArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
-                                                 const BulkCursor& c, unsigned char* stage, int lane) {
+                                                 const BulkCursor& c, uint32_t marks, unsigned char* stage, int lane) {
   const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
   const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
-  const ChunkMarks m = chunk_marks(mask, w, c, lane);
+  const ChunkMarks m = marks == ChunkMarks::kUnknown ? chunk_marks(mask, w, c, lane) : ChunkMarks::unpacked(marks);
   const uint32_t marked = m.marked;
   const bool consecutive = dst.seq_stride == a.head_dim;
   if (marked == 0 && consecutive) {
@@ -323,12 +328,19 @@ __device__ void bulk_copy_window(const FusedArgs<T>& a, const uint32_t* mask, co
   int load_stage = ring.next, store_stage = ring.next;
   int64_t issued = 0;  // chunks taken (and loaded, or prefetched)
   bool more = true;
+  uint32_t stage_marks = ChunkMarks::kUnknown;  // lane s: the marks of stage s's chunk, packed (b4)
   auto issue = [&] {
     int64_t c = 0;
     more = src.take(&c, lane);
     if (!more) return;
-    if (issued >= prefetched)
-      bulk_load_chunk(a, mask, w, BulkCursor::at(w, c), ring.stage(load_stage), ring.bars + load_stage, true, lane);
+    uint32_t marks = ChunkMarks::kUnknown;
+    if (issued >= prefetched) {
+      const BulkCursor cursor = BulkCursor::at(w, c);
+      const ChunkMarks m = chunk_marks(mask, w, cursor, lane);
+      bulk_load_chunk(a, mask, w, cursor, m, ring.stage(load_stage), ring.bars + load_stage, true, lane);
+      marks = m.packed();
+    }
+    if (lane == load_stage) stage_marks = marks;
     if (lane == 0) ring.chunk_of[load_stage] = c;
     __syncwarp();
     ++issued;
@@ -340,7 +352,8 @@ __device__ void bulk_copy_window(const FusedArgs<T>& a, const uint32_t* mask, co
     while (!cuda::ptx::mbarrier_try_wait_parity(ring.bars + store_stage, parity)) {
     }
     ring.phases ^= 1u << store_stage;
-    bulk_store_chunk(a, mask, w, BulkCursor::at(w, ring.chunk_of[store_stage]), ring.stage(store_stage), lane);
+    const uint32_t marks = __shfl_sync(0xffffffffu, stage_marks, store_stage);
+    bulk_store_chunk(a, mask, w, BulkCursor::at(w, ring.chunk_of[store_stage]), marks, ring.stage(store_stage), lane);
     store_stage = ring.after(store_stage);
     if (i - ring.slack + 1 >= 0 && more) {  // refill the stage of chunk i - slack + 1
       bulk_wait_reads(ring.slack - 1);
