@@ -49,6 +49,23 @@ TEMPLATE_TEST_CASE("backward matches the float64 reference on small shapes, ever
           }
 }
 
+TEMPLATE_TEST_CASE("head dims 80 and 96 with one warp a token", "[gpu]", __nv_bfloat16, float) {
+  // Pairs a row that are not a power of two (10, 12), with more tokens than half the warps (one warp a
+  // token: the token layout's one-step rule alone); 7 heads leave a head slot idle.
+  const Shape shapes[] = {{2, 7, 1000, 1100, 80}, {2, 16, 1000, 1100, 80}, {2, 8, 1000, 1100, 96}};
+  uint64_t seed = 400;
+  for (const Shape& shape : shapes)
+    for (Positions positions : kAllPatterns)
+      for (Variant variant : kAllVariants) {
+        const Config cfg{shape, Layout::kBHSD, positions, variant, seed % 3 == 0, seed};
+        if (seed % 2)
+          run<TestType, int64_t>(cfg);
+        else
+          run<TestType, int32_t>(cfg);
+        ++seed;
+      }
+}
+
 TEMPLATE_TEST_CASE("backward on leaderboard case shapes 4, 8, 10, 16", "[gpu][cases]", __nv_bfloat16, __half, float) {
   uint64_t seed = 100;
   for (const Shape& shape : kCases)

@@ -75,21 +75,30 @@ struct ChunkMarks {
   __device__ __forceinline__ uint32_t packed() const { return marked | runs << 16; }
   __device__ __forceinline__ static ChunkMarks unpacked(uint32_t p) { return {p & 0xffffu, p >> 16}; }
 };
+// The marks of mask word first + k of a chunk of window rows [base, end), packed (ChunkMarks::packed).
+__device__ __forceinline__ uint32_t word_marks(const uint32_t* mask, int first, int k, int base, int end) {
+  const int row0 = (first + k) * 32;  // the word's first row
+  const uint32_t outside = (row0 < base ? ~(~0u << (base - row0)) : 0u) | (row0 + 32 > end ? ~0u << (end - row0) : 0u);
+  const uint32_t word = mask[first + k] & ~outside;
+  const uint32_t stop = word | outside;                           // rows a run cannot hold
+  const uint32_t below = k > 0 ? mask[first + k - 1] >> 31 : 1u;  // the row before the word's first
+  return __popc(word) | __popc(~stop & (stop << 1 | below)) << 16;
+}
 __device__ __forceinline__ ChunkMarks chunk_marks(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
                                                   int lane) {
   const int base = static_cast<int>(c.r0 - w.w0), end = base + static_cast<int>(c.n);  // rows in the window
   const int first = base >> 5, words = ((end - 1) >> 5) - first + 1;
-  uint32_t counts = 0;  // marked | runs << 16
-  for (int k = lane; k < words; k += 32) {
-    const int row0 = (first + k) * 32;  // the word's first row
-    const uint32_t outside =
-        (row0 < base ? ~(~0u << (base - row0)) : 0u) | (row0 + 32 > end ? ~0u << (end - row0) : 0u);
-    const uint32_t word = mask[first + k] & ~outside;
-    const uint32_t stop = word | outside;                           // rows a run cannot hold
-    const uint32_t below = k > 0 ? mask[first + k - 1] >> 31 : 1u;  // the row before the word's first
-    counts += __popc(word) | __popc(~stop & (stop << 1 | below)) << 16;
-  }
+  uint32_t counts = 0;
+  for (int k = lane; k < words; k += 32) counts += word_marks(mask, first, k, base, end);
   return ChunkMarks::unpacked(__reduce_add_sync(0xffffffffu, counts));
+}
+//! chunk_marks by one lane alone, a word after another.
+__device__ __forceinline__ ChunkMarks chunk_marks_lane(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c) {
+  const int base = static_cast<int>(c.r0 - w.w0), end = base + static_cast<int>(c.n);
+  const int first = base >> 5, words = ((end - 1) >> 5) - first + 1;
+  uint32_t counts = 0;
+  for (int k = 0; k < words; ++k) counts += word_marks(mask, first, k, base, end);
+  return ChunkMarks::unpacked(counts);
 }
 
 // A chunk of this many runs of unmarked rows or more (scattered positions) is loaded whole with one bulk
@@ -219,29 +228,6 @@ __device__ __forceinline__ int64_t bulk_speculate(const FusedArgs<T>& a, const u
   return count;
 }
 
-//! A small cache whose chunks were all speculated: lane i stores chunk i's unmarked runs, so the chunks
-//! proceed side by side (the token warps write the zeros). Consecutive rows only.
-template <typename T>
-__device__ __forceinline__ void bulk_store_speculated(const FusedArgs<T>& a, const uint32_t* mask, const BulkRing& ring,
-                                                      const BulkRange& range, int lane) {
-  if (lane < range.end - range.begin) {
-    const BulkWindow& w = a.bulk_first;
-    const BulkCursor c = BulkCursor::at(w, range.begin + lane);
-    const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
-    const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
-    unsigned char* stage = ring.stage(lane);
-    const int64_t base = c.r0 - w.w0;  // the chunk's first row in the window
-    while (!cuda::ptx::mbarrier_try_wait_parity(ring.bars + lane, 0u)) {
-    }
-    for (int64_t r = 0; r < c.n;) {
-      const int64_t end = next_marked(mask, base + r, base + c.n) - base;  // rows [r, end) not marked
-      if (end > r) bulk_store(dst.row(c.b, c.j, c.r0 + r), stage + r * row_bytes, (end - r) * row_bytes);
-      r = end < c.n ? next_marked(mask, base + end, base + c.n, true) - base : c.n;  // past the marked ones
-    }
-    cuda::ptx::cp_async_bulk_commit_group();
-  }
-}
-
 // Writes zeros to `bytes` bytes at `out` (16-byte aligned, a multiple of 16) from the warp's registers.
 __device__ __forceinline__ void zero_run(void* out, int64_t bytes, int lane) {
   uint4* p = static_cast<uint4*>(out);
@@ -263,6 +249,46 @@ __device__ __forceinline__ void zero_marked_rows(unsigned char* stage, const uin
     uint4* row = reinterpret_cast<uint4*>(stage + r * row_bytes);
     for (int i = 0, u = first; i < units; ++i, u = u + 1 == units ? 0 : u + 1) row[u] = make_uint4(0, 0, 0, 0);
   }
+}
+
+//! A small cache whose chunks were all speculated: lane i stores chunk i's unmarked runs, so the chunks
+//! proceed side by side (the token warps write the zeros). A chunk of kBulkWholeChunkRuns runs or more
+//! (scattered positions) is stored whole instead, by the warp, its marked rows zeroed in the stage (a
+//! bulk store a run cost scattered small caches 2-5 x: perf log b6). Consecutive rows only.
+template <typename T>
+__device__ __forceinline__ void bulk_store_speculated(const FusedArgs<T>& a, const uint32_t* mask, const BulkRing& ring,
+                                                      const BulkRange& range, int lane) {
+  const BulkWindow& w = a.bulk_first;
+  const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
+  bool whole = false;
+  if (lane < range.end - range.begin) {
+    const BulkCursor c = BulkCursor::at(w, range.begin + lane);
+    const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
+    unsigned char* stage = ring.stage(lane);
+    const int64_t base = c.r0 - w.w0;                                  // the chunk's first row in the window
+    whole = chunk_marks_lane(mask, w, c).runs >= kBulkWholeChunkRuns;  // counted while the load is in flight
+    if (!whole) {
+      while (!cuda::ptx::mbarrier_try_wait_parity(ring.bars + lane, 0u)) {
+      }
+      for (int64_t r = 0; r < c.n;) {
+        const int64_t end = next_marked(mask, base + r, base + c.n) - base;  // rows [r, end) not marked
+        if (end > r) bulk_store(dst.row(c.b, c.j, c.r0 + r), stage + r * row_bytes, (end - r) * row_bytes);
+        r = end < c.n ? next_marked(mask, base + end, base + c.n, true) - base : c.n;  // past the marked ones
+      }
+    }
+  }
+  for (uint32_t left = __ballot_sync(0xffffffffu, whole); left != 0; left &= left - 1) {
+    const int s = __ffs(left) - 1;
+    const BulkCursor c = BulkCursor::at(w, range.begin + s);
+    while (!cuda::ptx::mbarrier_try_wait_parity(ring.bars + s, 0u)) {
+    }
+    zero_marked_rows(ring.stage(s), mask, w, c, row_bytes, lane);
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // the zeros, before the bulk store reads them
+    __syncwarp();
+    const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
+    if (lane == 0) bulk_store(dst.row(c.b, c.j, c.r0), ring.stage(s), c.n * row_bytes);
+  }
+  cuda::ptx::cp_async_bulk_commit_group();
 }
 
 // Stores the loaded chunk to gk_out / gv_out and zeros to its marked rows (unless a.token_zeros). Zeros go
