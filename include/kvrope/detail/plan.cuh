@@ -227,16 +227,16 @@ void plan_fused_grid(FusedArgs<T>& f, const LaunchPolicy& policy, int sms, int r
     const int64_t chunk_bytes = std::clamp<int64_t>(policy.bulk_chunk_bytes, kMinBulkChunkBytes, kBulkStageBytes);
     f.bulk_chunk_rows = static_cast<int>(std::max<int64_t>(1, chunk_bytes / row_bytes));
     const RowWindow first = row_window(f, 0);
-    int64_t chunks = bulk_window(f, first).total;
-    while (chunks < int64_t{policy.bulk_min_chunks_per_block} * grid_max && f.bulk_chunk_rows % 2 == 0 &&
+    BulkWindow chunked = bulk_window(f, first);
+    while (chunked.total < int64_t{policy.bulk_min_chunks_per_block} * grid_max && f.bulk_chunk_rows % 2 == 0 &&
            f.bulk_chunk_rows * row_bytes >= 2 * kMinBulkChunkBytes) {
       f.bulk_chunk_rows /= 2;
-      chunks = bulk_window(f, first).total;
+      chunked = bulk_window(f, first);
     }
+    const int64_t chunks = chunked.total;
     // The same chunks a slab, their rows spread evenly: no short last chunk (D = 80 or 96 at 2048 rows:
     // 10.04 and 12.05 chunks of 32 KiB).
-    const int64_t per_slab = bulk_window(f, first).per_slab;
-    f.bulk_chunk_rows = static_cast<int>((first.wlen + per_slab - 1) / per_slab);
+    f.bulk_chunk_rows = static_cast<int>((first.wlen + chunked.per_slab - 1) / chunked.per_slab);
     const int64_t token_blocks = (tokens + f.token_warps - 1) / f.token_warps;
     grid = std::clamp<int64_t>(std::max(chunks, token_blocks), 1, grid_max);
     // The first chunks load before the bitmask when its positions load in few rounds (a later round

@@ -75,30 +75,31 @@ struct ChunkMarks {
   __device__ __forceinline__ uint32_t packed() const { return marked | runs << 16; }
   __device__ __forceinline__ static ChunkMarks unpacked(uint32_t p) { return {p & 0xffffu, p >> 16}; }
 };
-// The marks of mask word first + k of a chunk of window rows [base, end), packed (ChunkMarks::packed).
-__device__ __forceinline__ uint32_t word_marks(const uint32_t* mask, int first, int k, int base, int end) {
-  const int row0 = (first + k) * 32;  // the word's first row
-  const uint32_t outside = (row0 < base ? ~(~0u << (base - row0)) : 0u) | (row0 + 32 > end ? ~0u << (end - row0) : 0u);
-  const uint32_t word = mask[first + k] & ~outside;
-  const uint32_t stop = word | outside;                           // rows a run cannot hold
-  const uint32_t below = k > 0 ? mask[first + k - 1] >> 31 : 1u;  // the row before the word's first
-  return __popc(word) | __popc(~stop & (stop << 1 | below)) << 16;
-}
-__device__ __forceinline__ ChunkMarks chunk_marks(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
-                                                  int lane) {
+// The marks of chunk c's mask words k0, k0 + step, ..., packed (ChunkMarks::packed): a lane's share of
+// them (chunk_marks) or all of them (chunk_marks_lane).
+__device__ __forceinline__ uint32_t chunk_word_marks(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
+                                                     int k0, int step) {
   const int base = static_cast<int>(c.r0 - w.w0), end = base + static_cast<int>(c.n);  // rows in the window
   const int first = base >> 5, words = ((end - 1) >> 5) - first + 1;
   uint32_t counts = 0;
-  for (int k = lane; k < words; k += 32) counts += word_marks(mask, first, k, base, end);
-  return ChunkMarks::unpacked(__reduce_add_sync(0xffffffffu, counts));
+  for (int k = k0; k < words; k += step) {
+    const int row0 = (first + k) * 32;  // the word's first row
+    const uint32_t outside =
+        (row0 < base ? ~(~0u << (base - row0)) : 0u) | (row0 + 32 > end ? ~0u << (end - row0) : 0u);
+    const uint32_t word = mask[first + k] & ~outside;
+    const uint32_t stop = word | outside;                           // rows a run cannot hold
+    const uint32_t below = k > 0 ? mask[first + k - 1] >> 31 : 1u;  // the row before the word's first
+    counts += __popc(word) | __popc(~stop & (stop << 1 | below)) << 16;
+  }
+  return counts;
+}
+__device__ __forceinline__ ChunkMarks chunk_marks(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c,
+                                                  int lane) {
+  return ChunkMarks::unpacked(__reduce_add_sync(0xffffffffu, chunk_word_marks(mask, w, c, lane, 32)));
 }
 //! chunk_marks by one lane alone, a word after another.
 __device__ __forceinline__ ChunkMarks chunk_marks_lane(const uint32_t* mask, const BulkWindow& w, const BulkCursor& c) {
-  const int base = static_cast<int>(c.r0 - w.w0), end = base + static_cast<int>(c.n);
-  const int first = base >> 5, words = ((end - 1) >> 5) - first + 1;
-  uint32_t counts = 0;
-  for (int k = 0; k < words; ++k) counts += word_marks(mask, first, k, base, end);
-  return ChunkMarks::unpacked(counts);
+  return ChunkMarks::unpacked(chunk_word_marks(mask, w, c, 0, 1));
 }
 
 // A chunk of this many runs of unmarked rows or more (scattered positions) is loaded whole with one bulk
@@ -251,6 +252,20 @@ __device__ __forceinline__ void zero_marked_rows(unsigned char* stage, const uin
   }
 }
 
+// Stores chunk c whole from its stage, every row of which is loaded: its marked rows zeroed there first,
+// and a proxy fence orders those writes before the bulk store reads them (no cost measured: perf log b2).
+// Commits nothing.
+template <typename T>
+__device__ __forceinline__ void bulk_store_whole(const FusedArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
+                                                 const BulkCursor& c, unsigned char* stage, int lane) {
+  const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
+  zero_marked_rows(stage, mask, w, c, row_bytes, lane);  // (with a.token_zeros too: zeros twice)
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+  __syncwarp();
+  const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
+  if (lane == 0) bulk_store(dst.row(c.b, c.j, c.r0), stage, c.n * row_bytes);
+}
+
 //! A small cache whose chunks were all speculated: lane i stores chunk i's unmarked runs, so the chunks
 //! proceed side by side (the token warps write the zeros). A chunk of kBulkWholeChunkRuns runs or more
 //! (scattered positions) is stored whole instead, by the warp, its marked rows zeroed in the stage (a
@@ -282,18 +297,13 @@ __device__ __forceinline__ void bulk_store_speculated(const FusedArgs<T>& a, con
     const BulkCursor c = BulkCursor::at(w, range.begin + s);
     while (!cuda::ptx::mbarrier_try_wait_parity(ring.bars + s, 0u)) {
     }
-    zero_marked_rows(ring.stage(s), mask, w, c, row_bytes, lane);
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);  // the zeros, before the bulk store reads them
-    __syncwarp();
-    const HeadRows<T>& dst = c.value ? a.gv_out : a.gk_out;
-    if (lane == 0) bulk_store(dst.row(c.b, c.j, c.r0), ring.stage(s), c.n * row_bytes);
+    bulk_store_whole(a, mask, w, c, ring.stage(s), lane);
   }
   cuda::ptx::cp_async_bulk_commit_group();
 }
 
 // Stores the loaded chunk to gk_out / gv_out and zeros to its marked rows (unless a.token_zeros). Zeros go
-// from registers (v4), except in a chunk stored whole (kBulkWholeChunkRuns): its stage's marked rows are
-// zeroed, and a proxy fence orders them before the bulk store (no cost measured: perf log b2). `marks`:
+// from registers (v4), except in a chunk stored whole (kBulkWholeChunkRuns: bulk_store_whole). `marks`:
 // the chunk's marks as its load counted them, packed (ChunkMarks::kUnknown: a speculated load's chunk).
 template <typename T>
 __device__ __forceinline__ void bulk_store_chunk(const FusedArgs<T>& a, const uint32_t* mask, const BulkWindow& w,
@@ -305,11 +315,8 @@ __device__ __forceinline__ void bulk_store_chunk(const FusedArgs<T>& a, const ui
   const bool consecutive = dst.seq_stride == a.head_dim;
   if (marked == 0 && consecutive) {
     if (lane == 0) bulk_store(dst.row(c.b, c.j, c.r0), stage, c.n * row_bytes);
-  } else if (m.runs >= kBulkWholeChunkRuns && consecutive) {  // every unmarked row is in the stage
-    zero_marked_rows(stage, mask, w, c, row_bytes, lane);     // (with a.token_zeros too: zeros twice)
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);    // the zeros, before the bulk store reads them
-    __syncwarp();
-    if (lane == 0) bulk_store(dst.row(c.b, c.j, c.r0), stage, c.n * row_bytes);
+  } else if (m.runs >= kBulkWholeChunkRuns && consecutive) {  // every row is in the stage
+    bulk_store_whole(a, mask, w, c, stage, lane);
   } else if (marked == static_cast<uint32_t>(c.n) && (consecutive || a.token_zeros)) {
     if (!a.token_zeros) zero_run(dst.row(c.b, c.j, c.r0), c.n * row_bytes, lane);
   } else {
