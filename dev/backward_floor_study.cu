@@ -31,6 +31,7 @@
 #include "cupti_clock.cuh"
 #include "cupti_records.cuh"
 #include "device.cuh"
+#include "floor_study.cuh"
 #include "fill.cuh"
 #include "options.cuh"
 #include "stats.hpp"
@@ -241,77 +242,43 @@ BareResult run_case(GpuClock& clock, const Calibration& cal, const LeaderboardCa
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t iters = 50;
-  std::vector<std::string> tables;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("--iters=", 0) == 0) {
-      iters = std::atoll(arg.c_str() + 8);
-    } else if (arg.rfind("--cases_csv=", 0) == 0) {
-      tables.push_back(arg.substr(12));
-    } else {
-      std::fprintf(stderr, "usage: backward_floor_study [--iters=N] [--cases_csv=PATH]...\n");
-      return 2;
-    }
-  }
-  if (tables.empty())
-    tables = {"bench/sol_execbench_062_cases.csv", "bench/suite_positions.csv", "bench/suite_heads.csv",
-              "bench/suite_head_dims.csv", "bench/suite_dtypes.csv"};
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("backward_floor_study: no CUDA device available; nothing to time.\n");
-    return 0;
-  }
-  cupti::init();
-  KVROPE_BENCH_CUDA(cudaFree(nullptr));
-  const DeviceInfo device = query_device();
-  cudaStream_t stream = nullptr;
-  KVROPE_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  {
-    GpuClock clock(stream, device, false, true);
-    const Calibration cal = calibrate(clock);
-    std::printf(
-        "backward_floor_study: %s, %d SMs; empty kernel %.3f us; copy bandwidth %.2f TB/s; CUPTI median "
-        "of %lld calls, L2 flushed before each\n",
-        device.name.c_str(), device.sm_count, cal.empty_kernel_us, cal.bandwidth_bytes_per_us * 1e-6,
-        static_cast<long long>(iters));
-    for (const std::string& path : tables) {
-      std::printf(
-          "%s\ncase dtype   H    D   B     S S_max pos    | fused bare  floor ratio | in place bare "
-          "floor bound ratio | checked ratio\n",
-          path.c_str());
-      double logs[3] = {0, 0, 0};
-      int n = 0;
-      for (const LeaderboardCase& c : read_cases(path)) {
-        const std::string dtype = c.dtype.empty() ? "bf16" : c.dtype;
-        BareResult r[3];
-        for (Mode m : {kFused, kInPlace, kInPlaceChecked}) {
-          if (dtype == "fp32") {
-            r[m] = run_case<float>(clock, cal, c, m, iters);
-          } else if (dtype == "fp16") {
-            r[m] = run_case<__half>(clock, cal, c, m, iters);
-          } else {
-            r[m] = run_case<__nv_bfloat16>(clock, cal, c, m, iters);
-          }
-          logs[m] += std::log(r[m].bare_us / r[m].bound_us);
-        }
-        ++n;
+  return floor_study_main(
+      argc, argv, "backward_floor_study",
+      {"bench/sol_execbench_062_cases.csv", "bench/suite_positions.csv", "bench/suite_heads.csv",
+       "bench/suite_head_dims.csv", "bench/suite_dtypes.csv"},
+      [](GpuClock& clock, const Calibration& cal, int64_t iters, const std::string& path) {
         std::printf(
-            "%4d %5s %3lld %4lld %3lld %5lld %5lld %-6s | %10.2f %6.2f %5.3f | %13.2f %5.2f %5.2f %5.3f | %7.2f "
-            "%5.3f\n",
-            c.id, dtype.c_str(), static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
-            static_cast<long long>(c.batch), static_cast<long long>(c.seq_len), static_cast<long long>(c.cache_len),
-            c.positions.empty() ? "arange" : c.positions.c_str(), r[0].bare_us, r[0].floor_us,
-            r[0].bare_us / r[0].bound_us, r[1].bare_us, r[1].floor_us, r[1].bound_us, r[1].bare_us / r[1].bound_us,
-            r[2].bare_us, r[2].bare_us / r[2].bound_us);
-      }
-      std::printf(
-          "bare fused/floor geomean = %.3f   bare inplace/(inplace-floor + chain) geomean = %.3f   checked = %.3f  "
-          "(%d cases)\n",
-          std::exp(logs[0] / n), std::exp(logs[1] / n), std::exp(logs[2] / n), n);
-    }
-  }
-  KVROPE_BENCH_CUDA(cudaStreamDestroy(stream));
-  KVROPE_BENCH_CUPTI(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
-  return 0;
+            "%s\ncase dtype   H    D   B     S S_max pos    | fused bare  floor ratio | in place bare "
+            "floor bound ratio | checked ratio\n",
+            path.c_str());
+        double logs[3] = {0, 0, 0};
+        int n = 0;
+        for (const LeaderboardCase& c : read_cases(path)) {
+          const std::string dtype = c.dtype.empty() ? "bf16" : c.dtype;
+          BareResult r[3];
+          for (Mode m : {kFused, kInPlace, kInPlaceChecked}) {
+            if (dtype == "fp32") {
+              r[m] = run_case<float>(clock, cal, c, m, iters);
+            } else if (dtype == "fp16") {
+              r[m] = run_case<__half>(clock, cal, c, m, iters);
+            } else {
+              r[m] = run_case<__nv_bfloat16>(clock, cal, c, m, iters);
+            }
+            logs[m] += std::log(r[m].bare_us / r[m].bound_us);
+          }
+          ++n;
+          std::printf(
+              "%4d %5s %3lld %4lld %3lld %5lld %5lld %-6s | %10.2f %6.2f %5.3f | %13.2f %5.2f %5.2f %5.3f | %7.2f "
+              "%5.3f\n",
+              c.id, dtype.c_str(), static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
+              static_cast<long long>(c.batch), static_cast<long long>(c.seq_len), static_cast<long long>(c.cache_len),
+              c.positions.empty() ? "arange" : c.positions.c_str(), r[0].bare_us, r[0].floor_us,
+              r[0].bare_us / r[0].bound_us, r[1].bare_us, r[1].floor_us, r[1].bound_us, r[1].bare_us / r[1].bound_us,
+              r[2].bare_us, r[2].bare_us / r[2].bound_us);
+        }
+        std::printf(
+            "bare fused/floor geomean = %.3f   bare inplace/(inplace-floor + chain) geomean = %.3f   checked = %.3f  "
+            "(%d cases)\n",
+            std::exp(logs[0] / n), std::exp(logs[1] / n), std::exp(logs[2] / n), n);
+      });
 }

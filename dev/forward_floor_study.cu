@@ -21,6 +21,7 @@
 #include "cupti_clock.cuh"
 #include "cupti_records.cuh"
 #include "device.cuh"
+#include "floor_study.cuh"
 #include "stats.hpp"
 
 namespace {
@@ -112,44 +113,10 @@ void run_case(GpuClock& clock, const Calibration& cal, const LeaderboardCase& c,
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t iters = 50;
-  std::vector<std::string> tables;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("--iters=", 0) == 0) {
-      iters = std::atoll(arg.c_str() + 8);
-    } else if (arg.rfind("--cases_csv=", 0) == 0) {
-      tables.push_back(arg.substr(12));
-    } else {
-      std::fprintf(stderr, "usage: forward_floor_study [--iters=N] [--cases_csv=PATH]...\n");
-      return 2;
-    }
-  }
-  if (tables.empty()) tables = {"bench/sol_execbench_062_cases.csv", "bench/forward_decode_cases.csv"};
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("forward_floor_study: no CUDA device available; nothing to time.\n");
-    return 0;
-  }
-  cupti::init();
-  KVROPE_BENCH_CUDA(cudaFree(nullptr));
-  const DeviceInfo device = query_device();
-  cudaStream_t stream = nullptr;
-  KVROPE_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  {
-    GpuClock clock(stream, device, false, true);
-    const Calibration cal = calibrate(clock);
-    std::printf(
-        "forward_floor_study: %s, %d SMs; empty kernel %.3f us; copy bandwidth %.2f TB/s; CUPTI median "
-        "of %lld calls, L2 flushed before each\n",
-        device.name.c_str(), device.sm_count, cal.empty_kernel_us, cal.bandwidth_bytes_per_us * 1e-6,
-        static_cast<long long>(iters));
-    for (const std::string& path : tables) {
-      std::printf("%s\n", path.c_str());
-      for (const LeaderboardCase& c : read_cases(path)) run_case(clock, cal, c, iters);
-    }
-  }
-  KVROPE_BENCH_CUDA(cudaStreamDestroy(stream));
-  KVROPE_BENCH_CUPTI(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
-  return 0;
+  return floor_study_main(argc, argv, "forward_floor_study",
+                          {"bench/sol_execbench_062_cases.csv", "bench/forward_decode_cases.csv"},
+                          [](GpuClock& clock, const Calibration& cal, int64_t iters, const std::string& path) {
+                            std::printf("%s\n", path.c_str());
+                            for (const LeaderboardCase& c : read_cases(path)) run_case(clock, cal, c, iters);
+                          });
 }

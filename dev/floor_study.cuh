@@ -1,0 +1,66 @@
+// The floor studies' shared frame (dev/forward_floor_study.cu, dev/backward_floor_study.cu): their
+// command line, then kvrope_bench's CUPTI clock and calibration around one call of the study a case
+// table. Run from the repository's root (the default tables are paths under bench/).
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "calibration.cuh"
+#include "check.cuh"
+#include "cupti_clock.cuh"
+#include "cupti_records.cuh"
+#include "device.cuh"
+
+namespace kvrope_bench {
+
+// `name [--iters=N] [--cases_csv=PATH]...`: table_study(clock, calibration, iters, path) for each table
+// (default: `tables`). Returns the process's exit status.
+template <typename TableStudy>
+int floor_study_main(int argc, char** argv, const char* name, std::vector<std::string> tables,
+                     TableStudy&& table_study) {
+  int64_t iters = 50;
+  std::vector<std::string> given;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--iters=", 0) == 0) {
+      iters = std::atoll(arg.c_str() + 8);
+    } else if (arg.rfind("--cases_csv=", 0) == 0) {
+      given.push_back(arg.substr(12));
+    } else {
+      std::fprintf(stderr, "usage: %s [--iters=N] [--cases_csv=PATH]...\n", name);
+      return 2;
+    }
+  }
+  if (!given.empty()) tables = std::move(given);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("%s: no CUDA device available; nothing to time.\n", name);
+    return 0;
+  }
+  cupti::init();
+  KVROPE_BENCH_CUDA(cudaFree(nullptr));
+  const DeviceInfo device = query_device();
+  cudaStream_t stream = nullptr;
+  KVROPE_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    GpuClock clock(stream, device, false, true);
+    const Calibration cal = calibrate(clock);
+    std::printf(
+        "%s: %s, %d SMs; empty kernel %.3f us; copy bandwidth %.2f TB/s; CUPTI median of %lld calls, L2 "
+        "flushed before each\n",
+        name, device.name.c_str(), device.sm_count, cal.empty_kernel_us, cal.bandwidth_bytes_per_us * 1e-6,
+        static_cast<long long>(iters));
+    for (const std::string& path : tables) table_study(clock, cal, iters, path);
+  }
+  KVROPE_BENCH_CUDA(cudaStreamDestroy(stream));
+  KVROPE_BENCH_CUPTI(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
+  return 0;
+}
+
+}  // namespace kvrope_bench
