@@ -57,21 +57,10 @@ struct Bare {
   int64_t token_blocks, copy_units;  // copy_units: 16-byte units of one cache
 };
 
+// (bf16 and fp16 convert to and from float by static_cast: the project leaves CUDA's conversions on.)
 template <typename T>
 __device__ __forceinline__ float to_f(T x) {
   return static_cast<float>(x);
-}
-template <>
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_f(float x) {
-  return static_cast<T>(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f(float x) {
-  return __float2bfloat16_rn(x);
 }
 
 template <typename T>
@@ -109,7 +98,7 @@ __device__ void token_work(const Bare& a, int64_t warp_id, int lane) {
   const int64_t trow = ((b * a.heads + j) * a.seq_len + t) * row_units + u;
   const int64_t tab = (b * a.seq_len + t) * row_units + u;
   Unit<T> k1{}, k2{}, c1{}, c2{}, s1{}, s2{}, g1{}, g2{}, v1{}, v2{};
-  int64_t p = 0;
+  int64_t p = 0, crow = 0;  // the position; the named row's unit u in the caches
   if (active) {
     p = a.positions[t];
     k1.raw = a.key[trow], k2.raw = a.key[trow + half];
@@ -119,18 +108,17 @@ __device__ void token_work(const Bare& a, int64_t warp_id, int lane) {
   if (kCheck) run_check(a);
   if (active) {
     const int64_t r = p < 0 ? p + a.cache_len : p;
-    const int64_t crow = ((b * a.heads + j) * a.cache_len + r) * row_units + u;
+    crow = ((b * a.heads + j) * a.cache_len + r) * row_units + u;
     g1.raw = a.gk[crow], g2.raw = a.gk[crow + half];
     v1.raw = a.gv[crow], v2.raw = a.gv[crow + half];
-    p = crow;
   }
   Unit<T> d1, d2;
   float dc[2 * kE], ds[2 * kE];
 #pragma unroll
   for (int e = 0; e < kE; ++e) {
     const float x1 = to_f(k1.e[e]), x2 = to_f(k2.e[e]), y1 = to_f(g1.e[e]), y2 = to_f(g2.e[e]);
-    d1.e[e] = from_f<T>(y1 * to_f(c1.e[e]) + y2 * to_f(s2.e[e]));
-    d2.e[e] = from_f<T>(y2 * to_f(c2.e[e]) - y1 * to_f(s1.e[e]));
+    d1.e[e] = static_cast<T>(y1 * to_f(c1.e[e]) + y2 * to_f(s2.e[e]));
+    d2.e[e] = static_cast<T>(y2 * to_f(c2.e[e]) - y1 * to_f(s1.e[e]));
     dc[e] = y1 * x1, dc[kE + e] = y2 * x2, ds[e] = -y1 * x2, ds[kE + e] = y2 * x1;
   }
   for (int o = 1; o < a.heads_warp; o <<= 1) {  // the head sum of the warp, a tree onto hh = 0
@@ -145,13 +133,13 @@ __device__ void token_work(const Bare& a, int64_t warp_id, int lane) {
   if (!active) return;
   a.grad_key[trow] = d1.raw, a.grad_key[trow + half] = d2.raw;
   a.grad_value[trow] = v1.raw, a.grad_value[trow + half] = v2.raw;
-  a.gk_out[p] = a.gk_out[p + half] = a.gv_out[p] = a.gv_out[p + half] = uint4{0, 0, 0, 0};
+  a.gk_out[crow] = a.gk_out[crow + half] = a.gv_out[crow] = a.gv_out[crow + half] = uint4{0, 0, 0, 0};
   if (hh == 0) {
     Unit<T> o1, o2, o3, o4;
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
-      o1.e[e] = from_f<T>(dc[e]), o2.e[e] = from_f<T>(dc[kE + e]);
-      o3.e[e] = from_f<T>(ds[e]), o4.e[e] = from_f<T>(ds[kE + e]);
+      o1.e[e] = static_cast<T>(dc[e]), o2.e[e] = static_cast<T>(dc[kE + e]);
+      o3.e[e] = static_cast<T>(ds[e]), o4.e[e] = static_cast<T>(ds[kE + e]);
     }
     a.grad_cos[tab] = o1.raw, a.grad_cos[tab + half] = o2.raw;
     a.grad_sin[tab] = o3.raw, a.grad_sin[tab + half] = o4.raw;
@@ -188,17 +176,17 @@ struct BareResult {
   double bare_us, floor_us, bound_us;  // bound: the floor, plus the chain in place
 };
 
-enum Mode { kFused, kInPlace, kInPlaceChecked };
+enum Mode { kFused, kInPlace, kInPlaceChecked, kModes };
 
+// Case c in every mode, on one set of buffers (out of place first: in place zeroes the named rows).
 template <typename T>
-BareResult run_case(GpuClock& clock, const Calibration& cal, const LeaderboardCase& c, Mode mode, int64_t iters) {
-  const bool in_place = mode != kFused;
+void run_modes(GpuClock& clock, const Calibration& cal, const LeaderboardCase& c, int64_t iters,
+               BareResult (&result)[kModes]) {
   const int64_t B = c.batch, H = c.heads, S = c.seq_len, Smax = c.cache_len, D = c.head_dim;
   const int64_t E = sizeof(T);
-  DeviceBuffer gk(B * H * Smax * D * E), gv(B * H * Smax * D * E), key(B * H * S * D * E), gko, gvo;
-  DeviceBuffer cs(B * S * D * E), sn(B * S * D * E), dk(B * H * S * D * E), dv(B * H * S * D * E);
-  DeviceBuffer dc(B * S * D * E), dsn(B * S * D * E), pos(S * 8), named(Smax);
-  if (!in_place) gko = DeviceBuffer(gk.bytes()), gvo = DeviceBuffer(gv.bytes());
+  DeviceBuffer gk(B * H * Smax * D * E), gv(B * H * Smax * D * E), gko(gk.bytes()), gvo(gv.bytes());
+  DeviceBuffer key(B * H * S * D * E), cs(B * S * D * E), sn(B * S * D * E), dk(B * H * S * D * E);
+  DeviceBuffer dv(B * H * S * D * E), dc(B * S * D * E), dsn(B * S * D * E), pos(S * 8), named(Smax);
   const std::string pattern = c.positions.empty() ? "arange" : c.positions;
   const std::vector<int64_t> p =
       make_positions(pattern, S, Smax, splitmix64(Options{}.seed ^ (uint64_t(c.id) << 32)));  // the bench's
@@ -210,7 +198,6 @@ BareResult run_case(GpuClock& clock, const Calibration& cal, const LeaderboardCa
     KVROPE_BENCH_CUDA(cudaMemset(buf->as<void>(), 0x3c, buf->bytes()));
   Bare a{};
   a.gk = gk.as<uint4>(), a.gv = gv.as<uint4>();
-  a.gk_out = in_place ? a.gk : gko.as<uint4>(), a.gv_out = in_place ? a.gv : gvo.as<uint4>();
   a.key = key.as<const uint4>(), a.cos = cs.as<const uint4>(), a.sin = sn.as<const uint4>();
   a.grad_key = dk.as<uint4>(), a.grad_value = dv.as<uint4>(), a.grad_cos = dc.as<uint4>(), a.grad_sin = dsn.as<uint4>();
   a.positions = pos.as<const int64_t>(), a.named = named.as<const unsigned char>();
@@ -219,24 +206,28 @@ BareResult run_case(GpuClock& clock, const Calibration& cal, const LeaderboardCa
   a.heads_warp = 32 / a.units;
   a.warps_token = static_cast<int>((H + a.heads_warp - 1) / a.heads_warp);
   a.token_blocks = (B * S * a.warps_token + kBlock / 32 - 1) / (kBlock / 32);
-  a.copy_units = in_place ? 0 : B * H * Smax * D * E / 16;
-  const int64_t copy_blocks = (a.copy_units + kBlock * kCopyUnits - 1) / (kBlock * kCopyUnits);
-  const int grid = static_cast<int>(std::max<int64_t>(1, a.token_blocks + copy_blocks));
-  std::vector<double> t;
-  for (int64_t i = 0; i < iters + 2; ++i) {
-    const Sample s = clock.time([&](cudaStream_t st) {
-      if (mode == kInPlaceChecked) {
-        bare_backward<T, true><<<grid, kBlock, 0, st>>>(a);
-      } else {
-        bare_backward<T, false><<<grid, kBlock, 0, st>>>(a);
-      }
-      KVROPE_BENCH_CUDA(cudaGetLastError());
-    });
-    if (i >= 2) t.push_back(s.cupti_us);
-  }
   const Traffic bytes = traffic_of(c, sizeof(T));
-  const double floor = cal.floor_us(in_place ? bytes.in_place : bytes.out_of_place);
-  return {median_of(t), floor, in_place ? chain_bound_us(floor, cal.empty_kernel_us) : floor};
+  for (Mode mode : {kFused, kInPlace, kInPlaceChecked}) {
+    const bool in_place = mode != kFused;
+    a.gk_out = in_place ? a.gk : gko.as<uint4>(), a.gv_out = in_place ? a.gv : gvo.as<uint4>();
+    a.copy_units = in_place ? 0 : B * H * Smax * D * E / 16;
+    const int64_t copy_blocks = (a.copy_units + kBlock * kCopyUnits - 1) / (kBlock * kCopyUnits);
+    const int grid = static_cast<int>(std::max<int64_t>(1, a.token_blocks + copy_blocks));
+    std::vector<double> t;
+    for (int64_t i = 0; i < iters + 2; ++i) {
+      const Sample s = clock.time([&](cudaStream_t st) {
+        if (mode == kInPlaceChecked) {
+          bare_backward<T, true><<<grid, kBlock, 0, st>>>(a);
+        } else {
+          bare_backward<T, false><<<grid, kBlock, 0, st>>>(a);
+        }
+        KVROPE_BENCH_CUDA(cudaGetLastError());
+      });
+      if (i >= 2) t.push_back(s.cupti_us);
+    }
+    const double floor = cal.floor_us(in_place ? bytes.in_place : bytes.out_of_place);
+    result[mode] = {median_of(t), floor, in_place ? chain_bound_us(floor, cal.empty_kernel_us) : floor};
+  }
 }
 
 }  // namespace
@@ -251,21 +242,19 @@ int main(int argc, char** argv) {
             "%s\ncase dtype   H    D   B     S S_max pos    | fused bare  floor ratio | in place bare "
             "floor bound ratio | checked ratio\n",
             path.c_str());
-        double logs[3] = {0, 0, 0};
+        double logs[kModes] = {0, 0, 0};
         int n = 0;
         for (const LeaderboardCase& c : read_cases(path)) {
           const std::string dtype = c.dtype.empty() ? "bf16" : c.dtype;
-          BareResult r[3];
-          for (Mode m : {kFused, kInPlace, kInPlaceChecked}) {
-            if (dtype == "fp32") {
-              r[m] = run_case<float>(clock, cal, c, m, iters);
-            } else if (dtype == "fp16") {
-              r[m] = run_case<__half>(clock, cal, c, m, iters);
-            } else {
-              r[m] = run_case<__nv_bfloat16>(clock, cal, c, m, iters);
-            }
-            logs[m] += std::log(r[m].bare_us / r[m].bound_us);
+          BareResult r[kModes];
+          if (dtype == "fp32") {
+            run_modes<float>(clock, cal, c, iters, r);
+          } else if (dtype == "fp16") {
+            run_modes<__half>(clock, cal, c, iters, r);
+          } else {
+            run_modes<__nv_bfloat16>(clock, cal, c, iters, r);
           }
+          for (int m = 0; m < kModes; ++m) logs[m] += std::log(r[m].bare_us / r[m].bound_us);
           ++n;
           std::printf(
               "%4d %5s %3lld %4lld %3lld %5lld %5lld %-6s | %10.2f %6.2f %5.3f | %13.2f %5.2f %5.2f %5.3f | %7.2f "
