@@ -18,7 +18,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <kvrope/experimental/launch_policy.cuh>
+#include "support/launch_policy.cuh"
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/naive_backward.cuh>
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include <kvrope/experimental/launch_policy.cuh>
+#include "support/launch_policy.cuh"
 
 #include "cases.hpp"
 

@@ -6,6 +6,7 @@
 
 #include "core/rotary.cuh"
 #include "core/tensor.cuh"
+#include "error_flag.cuh"
 
 namespace kvrope {
 
@@ -33,9 +34,9 @@ struct BackwardCommon {
   TokenRows<T> grad_cos;          //!< out [B, S, R]; null: not computed; batch_stride 0: summed over the batch
   TokenRows<T> grad_sin;          //!< out [B, S, R]; null: not computed; batch_stride 0: summed over the batch
 
-  //! Optional device int. When a position is out of range the kernel ORs kErrorPositionOutOfRange
-  //! into it (and leaves that token's outputs zero). The caller zeroes it before the call and reads
-  //! it after the stream synchronizes, for example with read_error_flag().
+  //! Optional device int (error_flag.cuh). When a position is out of range the kernel ORs
+  //! kErrorPositionOutOfRange into it (and leaves that token's outputs zero). Zero it before the call
+  //! (reset_error_flag) and read it after (read_error_flag).
   int* error_flag = nullptr;
 };
 
@@ -49,8 +50,7 @@ struct BackwardParams : BackwardCommon<T, Pos> {
 
   //! Optional device buffer of kBackwardWorkspaceBytes (4-byte aligned), zero before the first call
   //! (reset_workspace) and left zero by each call. With it, the blocks share a large cache's copy at
-  //! run time (5-7 % faster on the benchmark's large caches, H200). Calls that may run concurrently
-  //! each need their own.
+  //! run time (5-7 % faster on the benchmark's large caches, H200). Concurrent calls need one each.
   void* workspace = nullptr;
 };
 
@@ -64,9 +64,6 @@ struct BackwardInPlaceParams : BackwardCommon<T, Pos> {
   HeadRows<T> grad_key_cache;    //!< gK [B, H, S_max, D], read, then rows cache_position zeroed
   HeadRows<T> grad_value_cache;  //!< gV [B, H, S_max, D], read, then rows cache_position zeroed
 };
-
-//! Bit set in BackwardCommon::error_flag when a cache_position is outside [-S_max, S_max).
-constexpr int kErrorPositionOutOfRange = 1;
 
 //! Which kernel a call launches.
 enum class BackwardKernel : int {

@@ -1,12 +1,13 @@
 // The forward: RoPE'd keys and values written into a static KV cache at cache_position, optionally
-// RoPE(k) and q rotated in the same launch (docs/spec.md §2): validation, planning and the launcher.
+// RoPE(k) and q rotated in the same launch (docs/spec.md §2): the entry points.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include "core/status.cuh"
 #include "detail/forward/launch.cuh"
-#include "detail/validate_forward.cuh"
+#include "detail/forward/validate.cuh"
+#include "error_flag.cuh"
 #include "forward_params.cuh"
 
 namespace kvrope {
@@ -20,19 +21,17 @@ Status validate(const ForwardParams<T, Pos>& params) {
 
 //! The forward in one kernel launch on `stream`. Validates first and launches nothing when the
 //! parameters are invalid. Allocates nothing, does not synchronize: graph-capturable. Repeated
-//! positions: the last token naming a row writes it. Out-of-range positions are reported through
-//! params.error_flag (read_error_flag reports kErrorPositionOutOfRange; the flag's bits tell both).
+//! positions: the last token naming a row writes it. Out-of-range positions and position ids are
+//! reported through params.error_flag (error_flag.cuh).
 template <typename T, typename Pos>
 Status kv_cache_rope_forward(const ForwardParams<T, Pos>& params, cudaStream_t stream = nullptr) {
-  if (Status s = validate(params); !s) return s;
-  return detail::launch_forward(detail::forward_args(params), stream, nullptr, false);
+  return detail::run_forward(params, stream, nullptr, false);
 }
 
-//! Fills `plan` with what kv_cache_rope_forward(params) would launch on the current device.
+//! Fills `plan` with what kv_cache_rope_forward(params) would launch on the current device, launching nothing.
 template <typename T, typename Pos>
 Status plan_forward(const ForwardParams<T, Pos>& params, ForwardPlan* plan) {
-  if (Status s = validate(params); !s) return s;
-  return detail::launch_forward(detail::forward_args(params), nullptr, plan, true);
+  return detail::run_forward(params, nullptr, plan, true);
 }
 
 }  // namespace kvrope

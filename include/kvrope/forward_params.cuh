@@ -1,10 +1,12 @@
-// Parameters of the forward op (docs/spec.md §2): plain structs of pointers and int64 strides.
+// Parameters of the forward op (docs/spec.md §2): plain structs of pointers and int64 strides, and the
+// plan a call launches.
 #pragma once
 
 #include <cstdint>
 
 #include "core/rotary.cuh"
 #include "core/tensor.cuh"
+#include "error_flag.cuh"
 
 namespace kvrope {
 
@@ -45,13 +47,19 @@ struct ForwardParams {
   const Pos* position_ids = nullptr;         //!< with the table cache: [S] or [B, S] device array
   int64_t position_ids_batch_stride = 0;     //!< 0 for [S] position ids shared by the batch, S for [B, S]
 
-  //! Optional device int: a cache_position out of range ORs kErrorPositionOutOfRange (the token
-  //! writes no cache row; key_out and query are still written), a position id outside
+  //! Optional device int (error_flag.cuh): a cache_position out of range ORs kErrorPositionOutOfRange
+  //! (the token writes no cache row; key_out and query are still written), a position id outside
   //! [0, max_position) ORs kErrorPositionIdOutOfRange (the token writes nothing at all).
   int* error_flag = nullptr;
 };
 
-//! Bit set in ForwardParams::error_flag when a position id is outside [0, max_position).
-constexpr int kErrorPositionIdOutOfRange = 2;
+//! What a forward call launches, as plan_forward reports it without launching.
+struct ForwardPlan {
+  bool launched = false;  //!< false: nothing to read or write
+  int vec_width = 0;      //!< elements per access (16 bytes, or 1 for unaligned rows)
+  int grid = 0;           //!< blocks (one wave at most)
+  int block = 0;          //!< threads per block
+  int shared_bytes = 0;   //!< dynamic shared memory per block (the repeat bitmasks)
+};
 
 }  // namespace kvrope

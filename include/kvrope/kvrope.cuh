@@ -1,4 +1,4 @@
-// kvrope: fused KV-cache + RoPE kernels. The umbrella header (the experimental/ headers are not in it).
+// kvrope: fused KV-cache + RoPE kernels. The umbrella header: every public header.
 #pragma once
 
 #include "backward.cuh"         // IWYU pragma: export
@@ -9,6 +9,7 @@
 #include "core/status.cuh"      // IWYU pragma: export
 #include "core/tensor.cuh"      // IWYU pragma: export
 #include "core/vec.cuh"         // IWYU pragma: export
+#include "error_flag.cuh"       // IWYU pragma: export
 #include "forward.cuh"          // IWYU pragma: export
 #include "forward_params.cuh"   // IWYU pragma: export
 #include "rope.cuh"             // IWYU pragma: export

@@ -133,19 +133,4 @@ __device__ __forceinline__ void store_chunk(T* row, int64_t h, int64_t i0, const
   store_vec<M>(p + h, Vec<T, N>::from_float(c.hi));
 }
 
-//! Sums `c` over groups of `lanes` consecutive lanes of a warp (lanes a power of two, at most 32):
-//! afterwards every lane of a group holds its group's sum. All 32 lanes must call it together.
-//! This is the head reduction of the fused backward when one warp holds several heads of a token
-//! (its group size is a run-time value in the generic path, hence shuffles rather than cub::WarpReduce).
-template <int N>
-__device__ __forceinline__ void sum_across_lanes(RopeChunk<N>& c, int lanes) {
-  for (int offset = 1; offset < lanes; offset <<= 1) {
-    KVROPE_UNROLL
-    for (int i = 0; i < N; ++i) {
-      c.lo[i] += __shfl_xor_sync(0xffffffffu, c.lo[i], offset);
-      c.hi[i] += __shfl_xor_sync(0xffffffffu, c.hi[i], offset);
-    }
-  }
-}
-
 }  // namespace kvrope

@@ -364,9 +364,9 @@ TEST_CASE("naive_forward validates on the host and sizes its workspace", "[host]
   };
   ForwardParams<T> bad = p;
   bad.rotary_dim = 3;
-  fails(bad, StatusCode::kInvalidHeadDim, "rotary_dim");
+  fails(bad, StatusCode::kInvalidRotaryDim, "rotary_dim");
   bad.rotary_dim = 10;
-  fails(bad, StatusCode::kInvalidHeadDim, "rotary_dim");
+  fails(bad, StatusCode::kInvalidRotaryDim, "rotary_dim");
   bad = p;
   bad.cos_sin_cache_f32 = reinterpret_cast<const float*>(h.cos.data());  // two table sources
   CHECK_FALSE(reference::naive_forward(bad, nullptr, 0).ok());

@@ -1,5 +1,5 @@
-// Host tests of the planner (detail/plan.cuh): the launch it sizes for leaderboard shapes on a made-up
-// H200 (132 SMs, 227 KiB of shared memory a block, sm_90 code), with no GPU.
+// Host tests of the backward's planner (detail/backward/plan.cuh): the launch it sizes for leaderboard shapes on a
+// made-up H200 (132 SMs, 227 KiB of shared memory a block, sm_90 code), with no GPU.
 #include <kvrope/kvrope.cuh>
 
 #include <cstdint>
@@ -45,8 +45,7 @@ ProblemArgs<__nv_bfloat16> shape(int64_t batch, int64_t heads, int64_t seq_len, 
 // The fused plan with `resident` blocks a SM (what the occupancy query gives on the H200: 2).
 LaunchConfig plan_fused(const ProblemArgs<__nv_bfloat16>& a, unsigned int* workspace = nullptr, int resident = 2) {
   LaunchConfig config{};
-  config.plan.vec_width = 8;
-  FusedArgs<__nv_bfloat16> f = plan_fused_block(a, kHopperPolicy, kH200, vectorizable(a), config);
+  FusedArgs<__nv_bfloat16> f = plan_fused_block(a, RotarySpec{}, kHopperPolicy, kH200, vectorizable(a), config);
   plan_fused_grid(f, kHopperPolicy, kH200.sms, resident, workspace, config);
   return config;
 }
@@ -118,8 +117,8 @@ TEST_CASE("misaligned rows take the scalar path: no bulk copy, no prefetch", "[h
   a.gk.data += 1;
   REQUIRE_FALSE(vectorizable(a));
   LaunchConfig config{};
-  config.plan.vec_width = 1;
-  FusedArgs<__nv_bfloat16> f = plan_fused_block(a, kHopperPolicy, kH200, false, config);
+  FusedArgs<__nv_bfloat16> f = plan_fused_block(a, RotarySpec{}, kHopperPolicy, kH200, false, config);
+  CHECK(config.plan.vec_width == 1);
   plan_fused_grid(f, kHopperPolicy, kH200.sms, 2, nullptr, config);
   CHECK_FALSE(config.plan.bulk_copy);
   CHECK_FALSE(config.token_prefetch);
@@ -144,4 +143,44 @@ TEST_CASE("S = 1 takes the decode kernel: in place always, out of place up to 64
   CHECK(c.plan.kernel == BackwardKernel::kDecode);
   CHECK(d.token_blocks == 4);
   CHECK(c.plan.grid <= 264);
+}
+
+TEST_CASE("the planner sets the access width, the path and the rotation", "[host][plan]") {
+  CHECK(backward_path(false, 0) == BackwardPath::kGenericScalar);
+  CHECK(backward_path(false, 128) == BackwardPath::kGenericScalar);
+  CHECK(backward_path(true, 0) == BackwardPath::kGenericVectorized);
+  CHECK(backward_path(true, 128) == BackwardPath::kCompiledHeadDim);
+  const auto a = shape(2, 8, 45, 512, 128, false);
+  LaunchConfig config{};
+  const RotarySpec rotary{64, RotaryStyle::kInterleaved, true};
+  REQUIRE(rotary.general(128));
+  REQUIRE_FALSE(RotarySpec{}.general(128));
+  const FusedArgs<__nv_bfloat16> f = plan_fused_block(a, rotary, kHopperPolicy, kH200, true, config);
+  CHECK(config.plan.vec_width == 8);
+  CHECK(f.rotary_dim == 64);
+  CHECK(f.style == RotaryStyle::kInterleaved);
+  CHECK(f.rotary_units == 64 / (2 * kTokenVecMax));  // token chunks of at most kTokenVecMax elements
+  CHECK(f.sum_batches);
+  const FusedArgs<__nv_bfloat16> whole = plan_fused_block(a, RotarySpec{}, kHopperPolicy, kH200, false, config);
+  CHECK(config.plan.vec_width == 1);
+  CHECK(whole.rotary_dim == 128);
+  CHECK(whole.rotary_units == 64);
+  CHECK_FALSE(whole.sum_batches);
+}
+
+TEST_CASE("rotary_spec: table gradients summed over the batch only when B > 1", "[host][plan]") {
+  using T = __nv_bfloat16;
+  BackwardParams<T> p{};
+  p.batch = 2;
+  p.rotary_dim = 32;
+  p.grad_cos = TokenRows<T>{reinterpret_cast<T*>(0x1000), 0, 64};
+  CHECK(rotary_spec(p).sum_batches);
+  CHECK(rotary_spec(p).rotary_dim == 32);
+  p.batch = 1;
+  CHECK_FALSE(rotary_spec(p).sum_batches);
+  p.batch = 2;
+  p.grad_cos.batch_stride = 64;
+  CHECK_FALSE(rotary_spec(p).sum_batches);
+  CHECK(workspace_of(p) == nullptr);
+  CHECK(workspace_of(BackwardInPlaceParams<T>{}) == nullptr);
 }

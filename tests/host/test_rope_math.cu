@@ -1,5 +1,5 @@
 // Host tests of the per-element RoPE building blocks, the index division and the tolerance helpers.
-#include <kvrope/core/divmod.cuh>
+#include <kvrope/detail/common/divmod.cuh>
 #include <kvrope/reference/cpu_backward.hpp>
 #include <kvrope/rope.cuh>
 

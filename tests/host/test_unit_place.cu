@@ -2,7 +2,7 @@
 // rotary style and partial rotary, for the vector (N = 8) and scalar (N = 1) widths. The units must
 // partition the row, pair the elements as docs/spec.md §2.4 says, and name the table-cache columns
 // of §2.3.
-#include <kvrope/detail/forward/args.cuh>
+#include <kvrope/detail/common/rotary_units.cuh>
 
 #include <vector>
 

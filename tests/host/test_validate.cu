@@ -152,9 +152,13 @@ TEST_CASE("strides", "[host][validate]") {
   expect(p, StatusCode::kOverlappingRows, "grad_cos.seq_stride");
   p = buf.out_of_place();
   p.rotary_dim = D + 2;
-  expect(p, StatusCode::kInvalidHeadDim, "rotary_dim");
+  expect(p, StatusCode::kInvalidRotaryDim, "rotary_dim");
   p.rotary_dim = 3;
-  expect(p, StatusCode::kInvalidHeadDim, "rotary_dim");
+  expect(p, StatusCode::kInvalidRotaryDim, "rotary_dim");
+  p.rotary_dim = 0;
+  p.style = static_cast<RotaryStyle>(7);
+  expect(p, StatusCode::kInvalidStyle, "style");
+  p.style = RotaryStyle::kRotateHalf;
   p.rotary_dim = D / 2;  // the tables [B, S, R] then need only R columns
   expect(p, StatusCode::kSuccess, nullptr);
   p = buf.out_of_place();

@@ -75,18 +75,18 @@ TEST_CASE("forward: sizes, rotary_dim, table sources", "[host][validate]") {
   Buffers buf;
   auto p = buf.per_token();
   p.rotary_dim = D + 2;
-  expect(p, StatusCode::kInvalidHeadDim, "rotary_dim");
+  expect(p, StatusCode::kInvalidRotaryDim, "rotary_dim");
   p.rotary_dim = 5;
-  expect(p, StatusCode::kInvalidHeadDim, "rotary_dim");
+  expect(p, StatusCode::kInvalidRotaryDim, "rotary_dim");
   p = buf.per_token();
   p.query_heads = -1;
   expect(p, StatusCode::kInvalidSize, "query_heads");
   p = buf.per_token();
   p.cos_sin_cache = buf.cache.data();  // two table sources
-  expect(p, StatusCode::kAliasedBuffers, "cos");
+  expect(p, StatusCode::kConflictingFields, "cos");
   p = buf.table_cache();
   p.cos_sin_cache_f32 = buf.cache_f32.data();
-  expect(p, StatusCode::kAliasedBuffers, "cos_sin_cache");
+  expect(p, StatusCode::kConflictingFields, "cos_sin_cache");
   p = buf.table_cache();
   p.position_ids_batch_stride = 3;
   expect(p, StatusCode::kInvalidStride, "position_ids_batch_stride");

@@ -2,7 +2,7 @@
 // implementations (fused out-of-place, fused in-place, naive), and the float64 check of what they wrote.
 #pragma once
 
-#include <kvrope/experimental/launch_policy.cuh>
+#include "support/launch_policy.cuh"
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_backward.hpp>
 #include <kvrope/reference/naive_backward.cuh>

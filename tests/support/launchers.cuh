@@ -3,7 +3,7 @@
 // declares them.
 #pragma once
 
-#include <kvrope/experimental/launch_policy.cuh>
+#include "support/launch_policy.cuh"
 #include <kvrope/kvrope.cuh>
 
 namespace kvrope::testing {

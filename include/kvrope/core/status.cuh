@@ -19,11 +19,14 @@ enum class StatusCode : int {
   kPositionOutOfRange,    //!< reported by read_error_flag: a cache_position was outside [-S_max, S_max)
   kMisaligned,            //!< a pointer is not aligned as the API requires (BackwardParams::workspace: 4 bytes)
   kPositionIdOutOfRange,  //!< reported by read_error_flag: a forward's position id was outside [0, max_position)
+  kInvalidRotaryDim,      //!< rotary_dim is negative, odd or above head_dim
+  kInvalidStyle,          //!< style is not a RotaryStyle value
+  kConflictingFields,     //!< two fields that exclude each other are both set (`field` and `other`)
 };
 
 //! The result of a host entry point: a code, the first offending field (a static string such as
 //! "grad_key_states.seq_stride", or nullptr), the CUDA error for kCudaError, and for kAliasedBuffers
-//! the other buffer that `field` overlaps.
+//! and kConflictingFields the other field.
 struct Status {
   StatusCode code = StatusCode::kSuccess;
   const char* field = nullptr;
@@ -49,6 +52,9 @@ inline const char* to_string(StatusCode code) {
     case StatusCode::kPositionOutOfRange: return "cache_position out of range";
     case StatusCode::kMisaligned: return "pointer not aligned as required";
     case StatusCode::kPositionIdOutOfRange: return "position id out of range";
+    case StatusCode::kInvalidRotaryDim: return "rotary_dim must be even and in [0, head_dim]";
+    case StatusCode::kInvalidStyle: return "unknown rotary style";
+    case StatusCode::kConflictingFields: return "fields that exclude each other are both set";
   }
   return "unknown status";
 }

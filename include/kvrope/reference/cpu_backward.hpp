@@ -1,5 +1,5 @@
 // The float64 CPU reference of the backward op (docs/spec.md §1, with the styles and partial rotary of §2.7) and
-// the checker the tests and the benchmark use. The tolerance helpers here serve cpu_forward.hpp too.
+// the checker the tests and the benchmark use.
 #pragma once
 
 #include <algorithm>
@@ -14,68 +14,9 @@
 
 #include "../backward_params.cuh"
 #include "../core/dtype.cuh"
+#include "tolerance.hpp"
 
 namespace kvrope::reference {
-
-//! Spacing of T's representable numbers at |x| (the smallest subnormal step at 0).
-template <typename T>
-double ulp(double x) {
-  constexpr int kMantissa = std::is_same_v<T, float> ? 23 : std::is_same_v<T, __half> ? 10 : 7;
-  constexpr int kMinExp = std::is_same_v<T, __half> ? -14 : -126;
-  int e = kMinExp;
-  if (x != 0.0 && std::isfinite(x)) e = std::max(std::ilogb(x), kMinExp);
-  return std::ldexp(1.0, e - kMantissa);
-}
-
-//! The tolerance of docs/spec.md §1.7 for a computed output: |out - gold| <= ulp_T(gold) + 2^-21 * A, where A is
-//! the sum of the absolute values of the products that make up the output.
-template <typename T>
-bool within_tolerance(T out, double gold, double abs_sum) {
-  const double o = to_float(out);
-  return std::isfinite(o) && std::fabs(o - gold) <= ulp<T>(gold) + std::ldexp(abs_sum, -21);
-}
-
-//! A value of the reference and the sum of the absolute values of its products.
-struct Gold {
-  double value = 0.0;
-  double abs_sum = 0.0;
-};
-
-namespace detail {
-//! A cache_position wrapped as in PyTorch indexing (docs/spec.md §1.6): the row, or -1 outside [-S_max, S_max).
-inline int64_t wrap_row(int64_t position, int64_t cache_len) {
-  if (position < 0) position += cache_len;
-  return (position >= 0 && position < cache_len) ? position : -1;
-}
-}  // namespace detail
-
-//! The rotary dim R of a call (forward or backward parameters): rotary_dim, or D when it is 0.
-template <typename Params>
-int64_t rotary_dim_of(const Params& p) {
-  return effective_rotary_dim(p.rotary_dim, p.head_dim);
-}
-
-//! The row of the cache token t was (or is) written to, or -1 when its position is out of range (the
-//! wrap of docs/spec.md §1.6); either op's parameters.
-template <typename Params>
-int64_t cache_row(const Params& p, int64_t t) {
-  return detail::wrap_row(static_cast<int64_t>(p.cache_position[t]), p.cache_len);
-}
-
-//! True when every position is in [-S_max, S_max) (else the kernel must raise the error flag).
-template <typename Params>
-bool positions_in_range(const Params& p) {
-  for (int64_t t = 0; t < p.seq_len; ++t)
-    if (cache_row(p, t) < 0) return false;
-  return true;
-}
-
-namespace detail {
-template <typename T>
-double at(const T* row, int64_t d) {
-  return to_float(row[d]);
-}
-}  // namespace detail
 
 //! grad_key_states[b, j, t, d] from gK (host pointers): for the pair (a, b) of d < R, the adjoint of the rotation,
 //! gx[a] = g[a] cos[a] + g[b] sin[b] and gx[b] = g[b] cos[b] - g[a] sin[a]; for d >= R the gradient itself (a
@@ -204,81 +145,6 @@ BackwardGold cpu_backward(const BackwardParams<T, Pos>& in) {
   }
   return g;
 }
-
-//! The outcome of check_backward: how many elements were compared, how many failed, and the first
-//! failure described (output, index, value, expected).
-struct CheckResult {
-  int64_t checked = 0;
-  int64_t mismatches = 0;
-  std::string first_mismatch;
-  bool ok() const { return mismatches == 0; }
-};
-
-namespace detail {
-
-// Collects mismatches from several threads; keeps the first description.
-class Tally {
- public:
-  void add(int64_t checked, int64_t bad, const std::string& first) {
-    std::lock_guard<std::mutex> lock(mu_);
-    result_.checked += checked;
-    result_.mismatches += bad;
-    if (bad && result_.first_mismatch.empty()) result_.first_mismatch = first;
-  }
-  CheckResult result() const { return result_; }
-
- private:
-  std::mutex mu_;
-  CheckResult result_;
-};
-
-template <typename F>
-void parallel_for(int64_t n, F&& f) {
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, std::thread::hardware_concurrency()));
-  if (workers <= 1) {
-    for (int64_t i = 0; i < n; ++i) f(i);
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (int64_t w = 0; w < workers; ++w)
-    pool.emplace_back([&, w] {
-      for (int64_t i = w; i < n; i += workers) f(i);
-    });
-  for (auto& th : pool) th.join();
-}
-
-template <typename T>
-bool same_bits(T a, T b) {
-  return std::memcmp(&a, &b, sizeof(T)) == 0;
-}
-
-inline std::string describe(const char* name, int64_t b, int64_t j, int64_t s, int64_t d, double got, double want) {
-  std::ostringstream os;
-  os.precision(9);
-  os << name << "[b=" << b << ", h=" << j << ", s=" << s << ", d=" << d << "] = " << got << ", expected " << want;
-  return os.str();
-}
-
-// Runs check(b, expect) for every batch b, in parallel. expect(ok, name, j, s, d, got, want) counts one
-// compared element and keeps the first failure's description; the tally of all batches is returned.
-template <typename F>
-CheckResult check_batches(int64_t batches, F&& check) {
-  Tally tally;
-  parallel_for(batches, [&](int64_t b) {
-    int64_t checked = 0, bad = 0;
-    std::string first;
-    auto expect = [&](bool ok, const char* name, int64_t j, int64_t s, int64_t d, double got, double want) {
-      ++checked;
-      if (ok) return;
-      if (bad++ == 0) first = describe(name, b, j, s, d, got, want);
-    };
-    check(b, expect);
-    tally.add(checked, bad, first);
-  });
-  return tally.result();
-}
-
-}  // namespace detail
 
 //! Compares a call's outputs (host copies) with the float64 reference computed from host copies of
 //! its inputs: computed outputs within tolerance, copies (grad_value_states, the pass-through

@@ -1,5 +1,4 @@
 // The float64 CPU reference of the forward op (docs/spec.md §2) and the checker the tests and the benchmark use.
-// Tolerance helpers (ulp, within_tolerance, Gold, CheckResult) are those of cpu_backward.hpp.
 #pragma once
 
 #include <cmath>
@@ -7,15 +6,15 @@
 #include <string>
 #include <vector>
 
-#include "../backward_params.cuh"
 #include "../core/dtype.cuh"
 #include "../core/rotary.cuh"
+#include "../error_flag.cuh"
 #include "../forward_params.cuh"
-#include "cpu_backward.hpp"
+#include "tolerance.hpp"
 
 namespace kvrope::reference {
 
-// (cache_row and positions_in_range: cpu_backward.hpp, for either op's parameters.)
+// (cache_row and positions_in_range: tolerance.hpp, for either op's parameters.)
 
 //! True when the rotary tables come from a table cache (cos_sin_cache or cos_sin_cache_f32), false for per-token
 //! tables.

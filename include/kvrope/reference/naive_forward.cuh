@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../backward_params.cuh"
 #include "../core/dtype.cuh"
 #include "../core/rotary.cuh"
 #include "../core/status.cuh"

@@ -5,51 +5,23 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../../backward_params.cuh"
 #include "../../core/vec.cuh"
-#include "../../forward_params.cuh"
+#include "../../error_flag.cuh"
 #include "../../rope.cuh"
+#include "../common/position.cuh"
+#include "../common/rotary_units.cuh"
 #include "args.cuh"
+#include "policy.cuh"
 
 namespace kvrope::detail {
 
-//! The forward kernel's block with S > 1: 256 threads, so that half as many blocks load the positions
-//! for the run check as with 128 (S > 1 calls were up to 12 % faster, f5).
-inline constexpr int kForwardBlockThreads = 256;
-//! The block with S = 1 (no run check): 128 threads, so that a decode step spreads over twice the SMs
-//! (1-11 % faster than 256, f5).
-inline constexpr int kForwardDecodeBlockThreads = 128;
-//! Blocks of 256 a SM the launch bounds ask for: 16 warps of up to 128 registers (24 warps of 80
-//! spilled and lost 5-59 % a case, f4).
-inline constexpr int kForwardBlocksPerSm = 2;
 //! Positions a thread loads at once while checking them (one round trip for S <= 2048).
 inline constexpr int kForwardPositionLoads = 8;
-
-// An index as loaded (int32: `lo`, `hi` zero): arithmetic on it where it is loaded would wait for the
-// load there, so its value is formed only where it is used.
-struct RawIndex {
-  uint32_t lo = 0, hi = 0;
-};
-__device__ __forceinline__ RawIndex load_raw_index(const void* array, bool is_int64, int64_t index) {
-  RawIndex r;
-  if (is_int64) {
-    const uint2 v = static_cast<const uint2*>(array)[index];
-    r.lo = v.x, r.hi = v.y;
-  } else {
-    r.lo = static_cast<const uint32_t*>(array)[index];
-  }
-  return r;
-}
-__device__ __forceinline__ int64_t index_value(const RawIndex& r, bool is_int64) {
-  return is_int64 ? static_cast<int64_t>((uint64_t{r.hi} << 32) | r.lo) : int64_t{static_cast<int32_t>(r.lo)};
-}
 
 // The cache row a position names, or -1 when it is out of range.
 template <typename T>
 __device__ __forceinline__ int64_t forward_row(const ForwardArgs<T>& a, const RawIndex& position) {
-  int64_t p = index_value(position, a.positions_are_int64);
-  if (p < 0) p += a.cache_len;
-  return p >= 0 && p < a.cache_len ? p : -1;
+  return wrapped_row(index_value(position, a.positions_are_int64), a.cache_len);
 }
 
 //! Where the rotary tables come from (a template parameter: one path an instance).

@@ -1,14 +1,15 @@
-// Experimental: launch the backward with a launch policy of the caller's (tuning studies, tests of
-// paths the device's own policy does not take). Not included by kvrope.cuh; no stability promised.
+// A test and benchmark hook, not part of the installed library: the backward launched with a launch
+// policy of the caller's (tuning studies, tests of paths the device's own policy does not take).
 #pragma once
 
-#include "../backward.cuh"
-#include "../detail/plan.cuh"
-#include "../detail/policy.cuh"
+#include <kvrope/backward.cuh>
+#include <kvrope/detail/backward/launch.cuh>
+#include <kvrope/detail/backward/plan.cuh>
+#include <kvrope/detail/backward/policy.cuh>
 
 namespace kvrope::experimental {
 
-//! The launch values the planner sizes a call with (detail/policy.cuh documents each).
+//! The launch values the planner sizes a call with (detail/backward/policy.cuh documents each).
 using LaunchPolicy = detail::LaunchPolicy;
 //! A launch in full: the public plan and the kernel's inner choices.
 using LaunchConfig = detail::LaunchConfig;

@@ -4,38 +4,23 @@
 
 #include <cstdint>
 
-#include "../backward_params.cuh"
-#include "../rope.cuh"
-#include "kernel_args.cuh"
+#include "../../error_flag.cuh"
+#include "../../rope.cuh"
+#include "../common/position.cuh"
+#include "args.cuh"
 
 namespace kvrope::detail {
 
-// A position as loaded, its words not yet looked at (int32: `lo`, `hi` zero): arithmetic where it is
-// loaded would wait for the load there, so position_row does it where the value is needed.
-struct alignas(8) RawPosition {  // 8-byte aligned: the target of an 8-byte cp.async (PositionPrefetch)
-  uint32_t lo = 0, hi = 0;
-};
-
+// Token t's position as loaded (common/position.cuh: its value is formed where it is used).
 template <typename T>
-__device__ __forceinline__ RawPosition load_position(const ProblemArgs<T>& a, int64_t t) {
-  RawPosition p;
-  if (a.positions_are_int64) {
-    const uint2 v = static_cast<const uint2*>(a.positions)[t];
-    p.lo = v.x;
-    p.hi = v.y;
-  } else {
-    p.lo = static_cast<const uint32_t*>(a.positions)[t];
-  }
-  return p;
+__device__ __forceinline__ RawIndex load_position(const ProblemArgs<T>& a, int64_t t) {
+  return load_raw_index(a.positions, a.positions_are_int64, t);
 }
 
 // The row of the cache a position names, or -1 when it is out of range.
 template <typename T>
-__device__ __forceinline__ int64_t position_row(const ProblemArgs<T>& a, const RawPosition& raw) {
-  int64_t p = a.positions_are_int64 ? static_cast<int64_t>((uint64_t{raw.hi} << 32) | raw.lo)
-                                    : int64_t{static_cast<int32_t>(raw.lo)};
-  if (p < 0) p += a.cache_len;
-  return (p >= 0 && p < a.cache_len) ? p : -1;
+__device__ __forceinline__ int64_t position_row(const ProblemArgs<T>& a, const RawIndex& raw) {
+  return wrapped_row(index_value(raw, a.positions_are_int64), a.cache_len);
 }
 
 // The row of the cache token t was written to, or -1 when its position is out of range.
@@ -47,8 +32,8 @@ __device__ __forceinline__ int64_t cache_row(const ProblemArgs<T>& a, int64_t t)
 // A position fetched ahead with cp.async into the warp's shared-memory slot (sm_80+): a register load
 // shares a scoreboard with the item's row loads, whose first wait then waited for it (perf log v8).
 struct PositionPrefetch {
-  RawPosition* slot;  // this warp's, in shared memory
-  RawPosition held;   // without cp.async: the value as loaded
+  RawIndex* slot;  // this warp's, in shared memory
+  RawIndex held;   // without cp.async: the value as loaded
 
   template <typename T>
   __device__ __forceinline__ void issue(const ProblemArgs<T>& a, int64_t t, int lane) {
@@ -73,7 +58,7 @@ struct PositionPrefetch {
 #endif
   }
 
-  __device__ __forceinline__ RawPosition take() {
+  __device__ __forceinline__ RawIndex take() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncwarp();  // lane 0's copy is visible to the warp

@@ -4,26 +4,12 @@
 
 #include <cstdint>
 
-#include "../../core/divmod.cuh"
-#include "../kernel_args.cuh"
+#include "../../common/divmod.cuh"
+#include "../args.cuh"
+#include "../policy.cuh"
 #include "bitmask.cuh"
 
 namespace kvrope::detail {
-
-inline constexpr int kBulkStageBytes = 32768;  // a chunk at most; 6 stages fit 227 KiB (perf log v3)
-inline constexpr int kMaxBulkStages = 6;       // stages of the ring at most
-inline constexpr int kMaxBulkSlack = 8;        // stores still reading their stage at most
-inline constexpr int kBulkAlign = 128;
-inline constexpr int64_t kMinBulkChunkBytes = 4096;  // small caches' chunks are halved down to this
-
-//! Offset of the stage ring in the kernel's dynamic shared memory, after the bitmask.
-__host__ __device__ inline constexpr int64_t bulk_ring_offset(int64_t mask_bytes) {
-  return (mask_bytes + kBulkAlign - 1) / kBulkAlign * kBulkAlign;
-}
-//! Bytes of a ring of `stages` stages, their barriers and the index of the chunk each holds.
-__host__ __device__ inline constexpr int64_t bulk_ring_bytes(int stages) {
-  return int64_t{stages} * (kBulkStageBytes + 16);
-}
 
 //! A chunk, and the walk from one to the next without divisions: the copy warp is a single warp,
 //! so every instruction of its per-chunk work is on the critical path.

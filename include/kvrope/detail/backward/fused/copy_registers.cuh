@@ -4,15 +4,13 @@
 
 #include <cstdint>
 
-#include "../../core/divmod.cuh"
-#include "../../core/vec.cuh"
-#include "../kernel_args.cuh"
+#include "../../../core/vec.cuh"
+#include "../../common/divmod.cuh"
+#include "../args.cuh"
+#include "../policy.cuh"
 #include "bitmask.cuh"
 
 namespace kvrope::detail {
-
-//! 16-byte copies in flight per copy thread (perf log v1: 4 left the copy short of bandwidth).
-inline constexpr int kCopyUnroll = 8;
 
 template <int kDivisor>
 __device__ __forceinline__ uint64_t divmod_by(uint64_t n, uint64_t& rem, const FastDivmod& runtime) {

@@ -4,15 +4,10 @@
 #include <array>
 #include <cstdint>
 
-#include "../forward_params.cuh"
-#include "validate.cuh"
+#include "../../forward_params.cuh"
+#include "../common/checks.cuh"
 
 namespace kvrope::detail {
-
-#define KVROPE_DETAIL_ROWS(x) \
-  { #x ".batch_stride", #x ".head_stride", #x ".seq_stride" }
-#define KVROPE_DETAIL_TABLE(x) \
-  { #x ".batch_stride", #x ".seq_stride" }
 
 template <typename T, typename Pos>
 Status check_forward_sizes(const ForwardParams<T, Pos>& p) {
@@ -28,8 +23,8 @@ Status check_forward_sizes(const ForwardParams<T, Pos>& p) {
   const bool per_token = p.cos.data != nullptr || p.sin.data != nullptr;
   const bool cached = p.cos_sin_cache != nullptr || p.cos_sin_cache_f32 != nullptr;
   if (p.cos_sin_cache != nullptr && p.cos_sin_cache_f32 != nullptr)
-    return fail(StatusCode::kAliasedBuffers, "cos_sin_cache", "cos_sin_cache_f32");
-  if (per_token && cached) return fail(StatusCode::kAliasedBuffers, "cos", "cos_sin_cache");
+    return fail(StatusCode::kConflictingFields, "cos_sin_cache", "cos_sin_cache_f32");
+  if (per_token && cached) return fail(StatusCode::kConflictingFields, "cos", "cos_sin_cache");
   if (p.position_ids_batch_stride != 0 && p.position_ids_batch_stride != p.seq_len)
     return fail(StatusCode::kInvalidStride, "position_ids_batch_stride");
   return {};
@@ -50,32 +45,30 @@ Status validate_forward(const ForwardParams<T, Pos>& p) {
   const bool q_in_place = p.query_out.data == nullptr;
   const int64_t q_batch = p.query_heads > 0 ? p.batch : 0;
   const std::array<Layout, 8> in{
-      head_layout("key_states", KVROPE_DETAIL_ROWS(key_states), p.key_states, p.batch, p.heads, p.seq_len, p.head_dim),
-      head_layout("value_states", KVROPE_DETAIL_ROWS(value_states), p.value_states, p.batch, p.heads, p.seq_len,
+      head_layout("key_states", KVROPE_DETAIL_HEAD_STRIDES(key_states), p.key_states, p.batch, p.heads, p.seq_len,
+                  p.head_dim),
+      head_layout("value_states", KVROPE_DETAIL_HEAD_STRIDES(value_states), p.value_states, p.batch, p.heads, p.seq_len,
                   p.head_dim),
       flat_layout("cache_position", p.cache_position, sizeof(Pos), p.batch > 0 ? p.seq_len : 0),
-      token_layout("cos", KVROPE_DETAIL_TABLE(cos), p.cos, per_token ? p.batch : 0, p.seq_len, rotary),
-      token_layout("sin", KVROPE_DETAIL_TABLE(sin), p.sin, per_token ? p.batch : 0, p.seq_len, rotary),
+      token_layout("cos", KVROPE_DETAIL_TOKEN_STRIDES(cos), p.cos, per_token ? p.batch : 0, p.seq_len, rotary),
+      token_layout("sin", KVROPE_DETAIL_TOKEN_STRIDES(sin), p.sin, per_token ? p.batch : 0, p.seq_len, rotary),
       flat_layout(p.cos_sin_cache_f32 ? "cos_sin_cache_f32" : "cos_sin_cache",
                   p.cos_sin_cache_f32 ? static_cast<const void*>(p.cos_sin_cache_f32) : p.cos_sin_cache,
                   p.cos_sin_cache_f32 ? 4 : sizeof(T), table_rows * rotary),
       flat_layout("position_ids", p.position_ids, sizeof(Pos), ids),
-      head_layout("query", KVROPE_DETAIL_ROWS(query), HeadRows<const T>(p.query), q_in_place ? 0 : q_batch,
+      head_layout("query", KVROPE_DETAIL_HEAD_STRIDES(query), HeadRows<const T>(p.query), q_in_place ? 0 : q_batch,
                   p.query_heads, p.seq_len, p.head_dim)};
-  const std::array<Layout, 4> out{
-      head_layout("key_cache", KVROPE_DETAIL_ROWS(key_cache), p.key_cache, p.batch, p.heads, p.cache_len, p.head_dim),
-      head_layout("value_cache", KVROPE_DETAIL_ROWS(value_cache), p.value_cache, p.batch, p.heads, p.cache_len,
-                  p.head_dim),
-      head_layout("key_out", KVROPE_DETAIL_ROWS(key_out), p.key_out, p.key_out.data ? p.batch : 0, p.heads, p.seq_len,
-                  p.head_dim),
-      q_in_place
-          ? head_layout("query", KVROPE_DETAIL_ROWS(query), p.query, q_batch, p.query_heads, p.seq_len, p.head_dim)
-          : head_layout("query_out", KVROPE_DETAIL_ROWS(query_out), p.query_out, q_batch, p.query_heads, p.seq_len,
-                        p.head_dim)};
+  const std::array<Layout, 4> out{head_layout("key_cache", KVROPE_DETAIL_HEAD_STRIDES(key_cache), p.key_cache, p.batch,
+                                              p.heads, p.cache_len, p.head_dim),
+                                  head_layout("value_cache", KVROPE_DETAIL_HEAD_STRIDES(value_cache), p.value_cache,
+                                              p.batch, p.heads, p.cache_len, p.head_dim),
+                                  head_layout("key_out", KVROPE_DETAIL_HEAD_STRIDES(key_out), p.key_out,
+                                              p.key_out.data ? p.batch : 0, p.heads, p.seq_len, p.head_dim),
+                                  q_in_place ? head_layout("query", KVROPE_DETAIL_HEAD_STRIDES(query), p.query, q_batch,
+                                                           p.query_heads, p.seq_len, p.head_dim)
+                                             : head_layout("query_out", KVROPE_DETAIL_HEAD_STRIDES(query_out),
+                                                           p.query_out, q_batch, p.query_heads, p.seq_len, p.head_dim)};
   return check_tensors(in, out);
 }
-
-#undef KVROPE_DETAIL_ROWS
-#undef KVROPE_DETAIL_TABLE
 
 }  // namespace kvrope::detail

@@ -3,9 +3,9 @@
 
 #include <cstdint>
 
-#include "../core/divmod.cuh"
-#include "../core/rotary.cuh"
-#include "../core/tensor.cuh"
+#include "../../core/rotary.cuh"
+#include "../../core/tensor.cuh"
+#include "../common/divmod.cuh"
 
 namespace kvrope::detail {
 

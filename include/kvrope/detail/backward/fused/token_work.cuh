@@ -4,14 +4,12 @@
 
 #include <cstdint>
 
-#include "../forward/args.cuh"
+#include "../../common/rotary_units.cuh"
+#include "../policy.cuh"
 #include "../token_io.cuh"
 
 namespace kvrope::detail {
 
-//! Elements per access of the token work, at most 4 (8 bytes of bf16): a lane's chunk pairs, tables
-//! and head-sum accumulators then fit its registers (perf log v4).
-inline constexpr int kTokenVecMax = 4;
 template <int kVec>
 inline constexpr int kTokenVec = kVec > kTokenVecMax ? kTokenVecMax : kVec;
 
@@ -261,8 +259,7 @@ __device__ __forceinline__ void prefetch_token_rows(const FusedArgs<T>& a, const
 // The next item's position is fetched before the current item's rows (perf log v8).
 template <bool kInPlace, bool kGeneral, typename T, int kHeadDim, int kVec>
 __device__ void token_work(const FusedArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout, TokenCursor cur,
-                           RawPosition position, PositionPrefetch prefetch, int64_t warps, bool zero_rows,
-                           bool repeats) {
+                           RawIndex position, PositionPrefetch prefetch, int64_t warps, bool zero_rows, bool repeats) {
   const int lane = threadIdx.x & 31;
   const int64_t items = token_count<kGeneral>(a) << a.token_parts_log2;
   while (cur.item < items) {
@@ -287,7 +284,7 @@ __device__ void token_work(const FusedArgs<T>& a, const TokenLayout<kHeadDim, kV
 //! v10, v15) and its position, loaded before the bitmask is built.
 struct FirstItem {
   TokenCursor cursor;
-  RawPosition position;
+  RawIndex position;
 };
 template <bool kInPlace, bool kGeneral, typename T>
 __device__ __forceinline__ FirstItem first_item(const FusedArgs<T>& a, int warp, int lane) {
@@ -304,7 +301,7 @@ __device__ __forceinline__ FirstItem first_item(const FusedArgs<T>& a, int warp,
 //! cache_position are zeroed by the token warps in place, and out of place with a.token_zeros.
 template <bool kInPlace, bool kGeneral, typename T, int kHeadDim, int kVec>
 __device__ __forceinline__ void token_role(const FusedArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout,
-                                           const FirstItem& first, RawPosition* position_slot, bool repeats) {
+                                           const FirstItem& first, RawIndex* position_slot, bool repeats) {
   const int64_t warps_per_block = kInPlace ? blockDim.x / 32 : a.token_warps;
   const int64_t token_warps = int64_t{gridDim.x} * warps_per_block;
   const PositionPrefetch prefetch{position_slot, {}};

@@ -1,4 +1,5 @@
-// Host-side checks behind kvrope::validate: sizes, pointers, strides, overlapping rows and aliasing.
+// Host-side checks both ops validate with: tensor layouts, pointers, strides, overlapping rows, aliasing,
+// and the size limits of the kernels' 32-bit row indices.
 #pragma once
 
 #include <algorithm>
@@ -6,9 +7,9 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "../backward_params.cuh"
-#include "../core/rotary.cuh"
-#include "../core/status.cuh"
+#include "../../core/rotary.cuh"
+#include "../../core/status.cuh"
+#include "../../core/tensor.cuh"
 
 namespace kvrope::detail {
 
@@ -129,9 +130,9 @@ inline bool overlaps(const Layout& a, const Layout& b) {
 inline Status check_rotation(int64_t head_dim, int64_t rotary_dim, RotaryStyle style) {
   if (head_dim <= 0 || head_dim % 2 != 0) return fail(StatusCode::kInvalidHeadDim, "head_dim");
   if (rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2 != 0)
-    return fail(StatusCode::kInvalidHeadDim, "rotary_dim");
+    return fail(StatusCode::kInvalidRotaryDim, "rotary_dim");
   if (style != RotaryStyle::kRotateHalf && style != RotaryStyle::kInterleaved)
-    return fail(StatusCode::kInvalidSize, "style");
+    return fail(StatusCode::kInvalidStyle, "style");
   return {};
 }
 
@@ -144,20 +145,6 @@ inline Status check_row_counts(int64_t batch, int64_t heads, int64_t seq_len, in
   if (rows > static_cast<double>(kMaxRows) || static_cast<double>(batch) * seq_len > kMaxRows)
     return fail(StatusCode::kTooLarge, "batch");
   return {};
-}
-
-template <typename T, typename Pos>
-Status check_common_sizes(const BackwardCommon<T, Pos>& p) {
-  if (p.batch < 0) return fail(StatusCode::kInvalidSize, "batch");
-  if (p.heads < 0) return fail(StatusCode::kInvalidSize, "heads");
-  if (p.seq_len < 0) return fail(StatusCode::kInvalidSize, "seq_len");
-  if (p.cache_len < 0) return fail(StatusCode::kInvalidSize, "cache_len");
-  if (Status s = check_rotation(p.head_dim, p.rotary_dim, p.style); !s) return s;
-  // Table gradients summed over the batch (batch stride 0) are both summed or neither.
-  if (p.grad_cos.data && p.grad_sin.data && p.batch > 1 &&
-      (p.grad_cos.batch_stride == 0) != (p.grad_sin.batch_stride == 0))
-    return fail(StatusCode::kInvalidStride, "grad_sin.batch_stride");
-  return check_row_counts(p.batch, p.heads, p.seq_len, p.cache_len);
 }
 
 // Checks a list of inputs and outputs: pointers present where there are elements, strides
@@ -191,45 +178,6 @@ Status check_tensors(const std::array<Layout, NIn>& in, const std::array<Layout,
 #define KVROPE_DETAIL_TOKEN_STRIDES(x) \
   { #x ".batch_stride", #x ".seq_stride" }
 
-template <typename T, typename Pos>
-std::array<Layout, 4> common_inputs(const BackwardCommon<T, Pos>& p) {
-  const bool tables = p.grad_cos.data != nullptr || p.grad_sin.data != nullptr;
-  const int64_t key_batch = tables ? p.batch : 0;  // key_states is not read without table gradients
-  const int64_t table_batch = p.heads > 0 ? p.batch : 0;
-  const int64_t rotary = effective_rotary_dim(p.rotary_dim, p.head_dim);
-  const Layout pos = flat_layout("cache_position", p.cache_position, sizeof(Pos), p.batch > 0 ? p.seq_len : 0);
-  return {head_layout("key_states", KVROPE_DETAIL_HEAD_STRIDES(key_states), p.key_states, key_batch, p.heads, p.seq_len,
-                      p.head_dim),
-          token_layout("cos", KVROPE_DETAIL_TOKEN_STRIDES(cos), p.cos, table_batch, p.seq_len, rotary),
-          token_layout("sin", KVROPE_DETAIL_TOKEN_STRIDES(sin), p.sin, table_batch, p.seq_len, rotary), pos};
-}
-
-// A table gradient's batch extent: 0 when not asked for, 1 when summed over the batch (batch stride 0).
-template <typename T>
-int64_t table_grad_batch(const TokenRows<T>& v, int64_t batch) {
-  return v.data == nullptr ? 0 : v.batch_stride == 0 ? std::min<int64_t>(batch, 1) : batch;
-}
-
-template <typename T, typename Pos>
-std::array<Layout, 4> common_outputs(const BackwardCommon<T, Pos>& p) {
-  const int64_t rotary = effective_rotary_dim(p.rotary_dim, p.head_dim);
-  return {head_layout("grad_key_states", KVROPE_DETAIL_HEAD_STRIDES(grad_key_states), p.grad_key_states, p.batch,
-                      p.heads, p.seq_len, p.head_dim),
-          head_layout("grad_value_states", KVROPE_DETAIL_HEAD_STRIDES(grad_value_states), p.grad_value_states, p.batch,
-                      p.heads, p.seq_len, p.head_dim),
-          token_layout("grad_cos", KVROPE_DETAIL_TOKEN_STRIDES(grad_cos), p.grad_cos,
-                       table_grad_batch(p.grad_cos, p.batch), p.seq_len, rotary),
-          token_layout("grad_sin", KVROPE_DETAIL_TOKEN_STRIDES(grad_sin), p.grad_sin,
-                       table_grad_batch(p.grad_sin, p.batch), p.seq_len, rotary)};
-}
-
-// A [B, H, S_max, D] cache (or cache gradient) of the call.
-template <typename T, typename Pos, typename V>
-Layout cache_layout(const BackwardCommon<T, Pos>& p, const char* name, const char* const (&strides)[3],
-                    const HeadRows<V>& view) {
-  return head_layout(name, strides, view, p.batch, p.heads, p.cache_len, p.head_dim);
-}
-
 template <typename T, size_t N, size_t M>
 std::array<T, N + M> concat(const std::array<T, N>& a, const std::array<T, M>& b) {
   std::array<T, N + M> out;
@@ -237,40 +185,5 @@ std::array<T, N + M> concat(const std::array<T, N>& a, const std::array<T, M>& b
   std::copy(b.begin(), b.end(), out.begin() + N);
   return out;
 }
-
-// gK and gV of either variant: inputs out of place, outputs in place.
-template <typename Params>
-std::array<Layout, 2> incoming_caches(const Params& p) {
-  return {cache_layout(p, "grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache),
-          cache_layout(p, "grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache)};
-}
-
-// Checks an out-of-place call without touching the device: sizes, required pointers (a tensor with
-// no elements may be null), strides, disjoint output rows, outputs clear of inputs and of each other.
-template <typename T, typename Pos>
-Status validate_backward(const BackwardParams<T, Pos>& p) {
-  if (Status s = check_common_sizes(p); !s) return s;
-  const std::array<Layout, 2> cache_grads{
-      cache_layout(p, "grad_key_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache_input), p.grad_key_cache_input),
-      cache_layout(p, "grad_value_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache_input),
-                   p.grad_value_cache_input)};
-  // The workspace is written too: an output of two 32-bit words (none without it).
-  const std::array<Layout, 1> workspace{
-      flat_layout("workspace", p.workspace, 4, p.workspace ? kBackwardWorkspaceBytes / 4 : 0)};
-  if (reinterpret_cast<uintptr_t>(p.workspace) % 4 != 0) return fail(StatusCode::kMisaligned, "workspace");
-  return check_tensors(concat(incoming_caches(p), common_inputs(p)),
-                       concat(concat(common_outputs(p), cache_grads), workspace));
-}
-
-// Checks an in-place call: as the out-of-place one, with gK and gV counted as outputs (they are
-// written), so they may overlap nothing else.
-template <typename T, typename Pos>
-Status validate_backward(const BackwardInPlaceParams<T, Pos>& p) {
-  if (Status s = check_common_sizes(p); !s) return s;
-  return check_tensors(common_inputs(p), concat(common_outputs(p), incoming_caches(p)));
-}
-
-#undef KVROPE_DETAIL_HEAD_STRIDES
-#undef KVROPE_DETAIL_TOKEN_STRIDES
 
 }  // namespace kvrope::detail

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "../../core/divmod.cuh"
-#include "../kernel_args.cuh"
+#include "../../common/divmod.cuh"
+#include "../args.cuh"
 #include "bitmask.cuh"
 #include "bulk_chunks.cuh"
 

@@ -4,19 +4,11 @@
 
 #include <cstdint>
 
-#include "../kernel_args.cuh"
+#include "../args.cuh"
+#include "../policy.cuh"
 #include "../token_io.cuh"
 
 namespace kvrope::detail {
-
-//! Bytes of dynamic shared memory for a window of `window_rows` rows (one bit each).
-__host__ __device__ inline constexpr int64_t mask_bytes(int64_t window_rows) { return window_rows / 32 * 4; }
-
-//! The most rows one bitmask covers (8 KiB of shared memory); longer caches take several windows.
-inline constexpr int64_t kMaxWindowRows = 65536;
-
-//! Positions a builder thread loads before its atomics: one round trip for all (perf log v10).
-inline constexpr int kMaskLoads = 4;
 
 //! The cache rows [w0, w0 + wlen) one bitmask covers.
 struct RowWindow {
@@ -57,7 +49,7 @@ __device__ void build_mask(const FusedArgs<T>& a, uint32_t* mask, int64_t w0, in
   bool hooked = false;
   for (int64_t t0 = thread; t0 < a.seq_len; t0 += kMaskLoads * int64_t{threads}) {
     // All loads before any arithmetic on one; slots past the end reload t0 so no branch splits them.
-    RawPosition raw[kMaskLoads];
+    RawIndex raw[kMaskLoads];
 #pragma unroll
     for (int u = 0; u < kMaskLoads; ++u) {
       const int64_t t = t0 + u * int64_t{threads};

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "../kernel_args.cuh"
+#include "../args.cuh"
 #include "../policy.cuh"
 #include "bitmask.cuh"
 #include "copy_bulk.cuh"
@@ -67,7 +67,7 @@ template <typename T, int kHeadDim, int kVec, bool kInPlace, bool kGeneral = fal
 __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const FusedArgs<T> a) {
   extern __shared__ __align__(kBulkAlign) uint32_t mask[];
   __shared__ int repeats;
-  __shared__ RawPosition next_positions[kMaxBlockThreads / 32];
+  __shared__ RawIndex next_positions[kMaxBlockThreads / 32];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   const bool token_warp = kInPlace || warp < a.token_warps;

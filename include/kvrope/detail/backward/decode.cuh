@@ -5,26 +5,12 @@
 
 #include <cstdint>
 
-#include "../kernel_args.cuh"
-#include "../token_io.cuh"
+#include "args.cuh"
+#include "policy.cuh"
+#include "token_io.cuh"
 
 namespace kvrope::detail {
 
-//! The decode kernel's block size bound (its __launch_bounds__ on sm_90; on sm_100 the launch's clamp).
-inline constexpr int kDecodeMaxBlockThreads = 256;
-//! Out of place: the (gK, gV) 16-byte vector pairs of a copy thread's round (two rounds in registers).
-inline constexpr int kDecodeCopyPairs = 4;
-
-// Whether a head dim suits the decode kernel: a power of two from two 16-byte vectors of T to 256,
-// so that a row is whole 16-byte vectors and its half a power of two of them, at most 32 (a warp
-// covers a row's chunk pairs, or a power of two of rows at once).
-template <typename T>
-__host__ __device__ inline constexpr bool decode_head_dim_ok(int64_t head_dim) {
-  return head_dim >= 2 * int64_t{16 / sizeof(T)} && head_dim <= 256 && (head_dim & (head_dim - 1)) == 0;
-}
-
-//! The most warps a token of the decode kernel has.
-inline constexpr int kDecodeMaxTokenWarps = 4;
 //! Passes of a token warp whose loads the decode kernel issues together.
 inline constexpr int kDecodeBatch = 2;
 
@@ -208,7 +194,7 @@ __global__ void KVROPE_DECODE_BOUNDS decode_kernel(const DecodeArgs<T> a) {
   const int lane = threadIdx.x & 31;
   // The one position, fetched first into the warp's shared-memory slot (a register load was awaited at
   // the entry: perf log v8, v11).
-  __shared__ RawPosition slots[kDecodeMaxBlockThreads / 32];
+  __shared__ RawIndex slots[kDecodeMaxBlockThreads / 32];
   PositionPrefetch position{&slots[threadIdx.x / 32], {}};
   position.issue(a, 0, lane);
   const int64_t token_blocks = a.token_blocks;

@@ -6,23 +6,13 @@
 #include <cmath>
 #include <cstdint>
 
-#include "../backward_params.cuh"
-#include "decode/kernel.cuh"
+#include "../../backward_params.cuh"
+#include "../common/alignment.cuh"
+#include "args.cuh"
 #include "fused/bulk_chunks.cuh"
-#include "fused/copy_registers.cuh"
-#include "fused/token_work.cuh"
-#include "kernel_args.cuh"
 #include "policy.cuh"
 
 namespace kvrope::detail {
-
-//! The most dynamic shared memory a fused launch asks for: the largest bitmask and the bulk-copy ring.
-inline constexpr int64_t kMaxSharedBytes =
-    bulk_ring_offset(mask_bytes(kMaxWindowRows)) + bulk_ring_bytes(kMaxBulkStages);
-//! A bulk copy of at most this many chunks a block is a small cache: its token warps write the zero rows.
-inline constexpr int64_t kSpeculateChunksPerBlock = 8;
-//! In place a token is split over warps only while they number at most this many a SM (perf log v15).
-inline constexpr int64_t kInPlaceSplitWarpsPerSm = 4;
 
 //! The full description of a launch: the public plan and the choices inside the kernel.
 struct LaunchConfig {
@@ -42,17 +32,6 @@ struct DeviceFacts {
   int shared_optin = 0;    //!< the most dynamic shared memory a block may ask for
   bool sm90_code = false;  //!< the kernel instance has sm_90+ code (the bulk copy, the in-place prefetch)
 };
-
-template <typename T>
-bool aligned16(const HeadRows<T>& v) {
-  return reinterpret_cast<uintptr_t>(v.data) % 16 == 0 && (v.batch_stride * sizeof(T)) % 16 == 0 &&
-         (v.head_stride * sizeof(T)) % 16 == 0 && (v.seq_stride * sizeof(T)) % 16 == 0;
-}
-template <typename T>
-bool aligned16(const TokenRows<T>& v) {
-  return reinterpret_cast<uintptr_t>(v.data) % 16 == 0 && (v.batch_stride * sizeof(T)) % 16 == 0 &&
-         (v.seq_stride * sizeof(T)) % 16 == 0;
-}
 
 //! Whether every row the call touches is 16-byte aligned and D / 2 whole vectors (the vector paths).
 template <typename T>
@@ -91,6 +70,53 @@ ProblemArgs<T> problem_args(const BackwardCommon<T, Pos>& p, HeadRows<const T> g
   a.div_seq = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(p.seq_len, 1)));
   a.div_heads = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(p.heads, 1)));
   return a;
+}
+
+//! The kernels' view of an out-of-place call.
+template <typename T, typename Pos>
+ProblemArgs<T> problem_args(const BackwardParams<T, Pos>& p) {
+  return problem_args<T, Pos>(p, p.grad_key_cache, p.grad_value_cache, p.grad_key_cache_input, p.grad_value_cache_input,
+                              false);
+}
+//! The kernels' view of an in-place call: gK and gV are their own outputs.
+template <typename T, typename Pos>
+ProblemArgs<T> problem_args(const BackwardInPlaceParams<T, Pos>& p) {
+  return problem_args<T, Pos>(p, p.grad_key_cache, p.grad_value_cache, p.grad_key_cache, p.grad_value_cache, true);
+}
+
+template <typename T, typename Pos>
+unsigned int* workspace_of(const BackwardParams<T, Pos>& p) {
+  return static_cast<unsigned int*>(p.workspace);
+}
+template <typename T, typename Pos>
+unsigned int* workspace_of(const BackwardInPlaceParams<T, Pos>&) {
+  return nullptr;
+}
+
+//! A call's rotation besides the default (rotate-half, R = D, table gradients per batch).
+struct RotarySpec {
+  int64_t rotary_dim = 0;  // R (0: D)
+  RotaryStyle style = RotaryStyle::kRotateHalf;
+  bool sum_batches = false;  // table gradients of batch stride 0 with B > 1: summed over the batch
+
+  //! Whether the call takes the general instance of the fused kernel.
+  bool general(int64_t head_dim) const {
+    return style != RotaryStyle::kRotateHalf || effective_rotary_dim(rotary_dim, head_dim) != head_dim || sum_batches;
+  }
+};
+
+template <typename T, typename Pos>
+RotarySpec rotary_spec(const BackwardCommon<T, Pos>& p) {
+  const bool shared =
+      (p.grad_cos.data && p.grad_cos.batch_stride == 0) || (p.grad_sin.data && p.grad_sin.batch_stride == 0);
+  return RotarySpec{p.rotary_dim, p.style, shared && p.batch > 1};
+}
+
+//! Which instance a call takes: a compiled head dim (`instance` > 0) needs 16-byte rows.
+inline BackwardPath backward_path(bool vec, int instance) {
+  return !vec           ? BackwardPath::kGenericScalar
+         : instance > 0 ? BackwardPath::kCompiledHeadDim
+                        : BackwardPath::kGenericVectorized;
 }
 
 //! log2 of the warps sharing a token: as many as `token_warps` allow for `tokens`, up to the most that
@@ -174,8 +200,8 @@ DecodeArgs<T> plan_decode(const ProblemArgs<T>& a, int block, int sms, int resid
 //! The fused kernel's block, bitmask window, bulk-copy ring and shared memory (before the grid, which
 //! needs the occupancy these give).
 template <typename T>
-FusedArgs<T> plan_fused_block(const ProblemArgs<T>& a, const LaunchPolicy& policy, const DeviceFacts& device, bool vec,
-                              LaunchConfig& config) {
+FusedArgs<T> plan_fused_block(const ProblemArgs<T>& a, const RotarySpec& rotary, const LaunchPolicy& policy,
+                              const DeviceFacts& device, bool vec, LaunchConfig& config) {
   FusedArgs<T> f{};
   static_cast<ProblemArgs<T>&>(f) = a;
   const int64_t rows = std::max<int64_t>(a.cache_len, 1);
@@ -183,6 +209,7 @@ FusedArgs<T> plan_fused_block(const ProblemArgs<T>& a, const LaunchPolicy& polic
   f.windows = a.cache_len == 0 ? 1 : (a.cache_len + f.window_rows - 1) / f.window_rows;
   BackwardPlan& plan = config.plan;
   plan.kernel = BackwardKernel::kFused;
+  plan.vec_width = vec ? int{16 / sizeof(T)} : 1;
   plan.block = std::clamp(policy.block_threads / 32 * 32, 64, kMaxBlockThreads);  // two roles: two warps at least
   // The ring: as many stages as the policy asks that fit a block's shared memory (all 6 on H100-B200).
   const int64_t row_bytes = a.head_dim * int64_t{sizeof(T)};
@@ -198,6 +225,10 @@ FusedArgs<T> plan_fused_block(const ProblemArgs<T>& a, const LaunchPolicy& polic
       static_cast<int>(f.bulk ? ring_offset + bulk_ring_bytes(f.bulk_stages) : mask_bytes(f.window_rows));
   f.token_prefetch = a.in_place && device.sm90_code && vec;  // measured on sm_90 only (perf log v16)
   config.token_prefetch = f.token_prefetch;
+  f.rotary_dim = effective_rotary_dim(rotary.rotary_dim, a.head_dim);
+  f.style = rotary.style;
+  f.rotary_units = static_cast<int>(f.rotary_dim / (2 * std::min(plan.vec_width, kTokenVecMax)));
+  f.sum_batches = rotary.sum_batches;
   return f;
 }
 
