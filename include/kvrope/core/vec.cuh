@@ -114,7 +114,7 @@ struct alignas(sizeof(T) * N) Vec {
 };
 
 //! Loads a Vec from `ptr` (aligned to sizeof(Vec)) with CUB cache modifier M. LOAD_CS uses __ldcs (global
-//! memory only): CUB's asm load kept a 64-bit address per access, which spilled (perf log v4).
+//! memory only): CUB's asm load kept a 64-bit address per access, which spilled (generic LD.E.EF in SASS).
 template <cub::CacheLoadModifier M = cub::LOAD_DEFAULT, typename T, int N = 1>
 __device__ __forceinline__ Vec<T, N> load_vec(const T* ptr) {
   using Raw = typename detail::RawWord<sizeof(T) * N>::type;

@@ -1,5 +1,5 @@
 // The decode kernel: the backward with one new token a batch (S == 1), short from its entry to its loads
-// (perf log v11). Every batch names the same row p, so no bitmask: a token's warps gather its rows at p;
+// (case 8 fused 4.3 -> 3.4 us). Every batch names the same row p, so no bitmask: a token's warps gather its rows at p;
 // out of place every other thread copies the caches, writing zeros at row p (known once data is in).
 #pragma once
 
@@ -59,7 +59,7 @@ __device__ __forceinline__ void decode_token(const DecodeArgs<T>& a, int64_t b, 
   };
   load_keys(j_first);
   // Row addresses computed before the wait on the position and pinned there by an empty asm: after it,
-  // only the range test and two products precede the row loads (perf log v12).
+  // only the range test and two products precede the row loads (position to loads 0.32 -> 0.22 us).
   const T* gk_at[kBatch];
   const T* gv_at[kBatch];
 #pragma unroll
@@ -159,7 +159,7 @@ struct DecodeCopyRound {
 };
 
 // The copy role (out of place): the same 16-byte vector of gK and gV a step, zeros at row p (awaited only
-// once the first round's data is in); a round's loads go before the last round's stores (perf log v12).
+// once the first round's data is in); a round's loads go before the last round's stores (case 12 6.69 -> 6.16 us).
 // 32-bit indices: the planner takes this kernel only for caches of fewer than 2^31 vectors.
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void decode_copy(const DecodeArgs<T>& a, PositionPrefetch& position, uint32_t thread,
@@ -179,7 +179,7 @@ __device__ __forceinline__ void decode_copy(const DecodeArgs<T>& a, PositionPref
 }
 
 // Blackwell: a register cap, so that a 5-warp block fits twice a SM (ptxas gave 202-222 registers under
-// the 256-thread bounds; 200 and 160 do not spill: perf log, Blackwell). sm_90 keeps its measured bounds.
+// the 256-thread bounds; 200 and 160 do not spill). sm_90 keeps its measured bounds.
 template <typename T>
 inline constexpr int kDecodeMaxRegsSm100 = sizeof(T) == 4 ? 160 : 200;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
@@ -193,7 +193,7 @@ template <typename T, int kHeadDim>
 __global__ void KVROPE_DECODE_BOUNDS decode_kernel(const DecodeArgs<T> a) {
   const int lane = threadIdx.x & 31;
   // The one position, fetched first into the warp's shared-memory slot (a register load was awaited at
-  // the entry: perf log v8, v11).
+  // the entry, a round trip before any row load).
   __shared__ RawIndex slots[kDecodeMaxBlockThreads / 32];
   PositionPrefetch position{&slots[threadIdx.x / 32], {}};
   position.issue(a, 0, lane);

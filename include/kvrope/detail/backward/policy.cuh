@@ -15,10 +15,10 @@ __host__ __device__ inline constexpr int64_t mask_bytes(int64_t window_rows) { r
 //! The most rows one bitmask covers (8 KiB of shared memory); longer caches take several windows.
 inline constexpr int64_t kMaxWindowRows = 65536;
 
-//! Positions a builder thread loads before its atomics: one round trip for all (perf log v10).
+//! Positions a builder thread loads before its atomics: one round trip for all (8 were 4-7 % slower).
 inline constexpr int kMaskLoads = 4;
 
-inline constexpr int kBulkStageBytes = 32768;  // a chunk at most; 6 stages fit 227 KiB (perf log v3)
+inline constexpr int kBulkStageBytes = 32768;  // a chunk at most; 6 stages fit 227 KiB
 inline constexpr int kMaxBulkStages = 6;       // stages of the ring at most
 inline constexpr int kMaxBulkSlack = 8;        // stores still reading their stage at most
 inline constexpr int kBulkAlign = 128;
@@ -33,11 +33,11 @@ __host__ __device__ inline constexpr int64_t bulk_ring_bytes(int stages) {
   return int64_t{stages} * (kBulkStageBytes + 16);
 }
 
-//! 16-byte copies in flight per copy thread (perf log v1: 4 left the copy short of bandwidth).
+//! 16-byte copies in flight per copy thread: 64 KB a SM, above the ~48 KB the bandwidth-latency product needs.
 inline constexpr int kCopyUnroll = 8;
 
 //! Elements per access of the token work, at most 4 (8 bytes of bf16): a lane's chunk pairs, tables
-//! and head-sum accumulators then fit its registers (perf log v4).
+//! and head-sum accumulators then fit its registers (8 spilled 184-280 bytes at 168 registers).
 inline constexpr int kTokenVecMax = 4;
 
 //! The decode kernel's block size bound (its __launch_bounds__ on sm_90; on sm_100 the launch's clamp).
@@ -61,10 +61,10 @@ inline constexpr int64_t kMaxSharedBytes =
     bulk_ring_offset(mask_bytes(kMaxWindowRows)) + bulk_ring_bytes(kMaxBulkStages);
 //! A bulk copy of at most this many chunks a block is a small cache: its token warps write the zero rows.
 inline constexpr int64_t kSpeculateChunksPerBlock = 8;
-//! In place a token is split over warps only while they number at most this many a SM (perf log v15).
+//! In place a token is split over warps only while they number at most this many a SM (suite 14.31 -> 14.13 us).
 inline constexpr int64_t kInPlaceSplitWarpsPerSm = 4;
 
-//! Launch values per architecture. Figures cite docs/performance-log.md by version.
+//! Launch values per architecture.
 struct LaunchPolicy {
   int block_threads;                    //!< fused kernel block, a multiple of 32 in [64, kMaxBlockThreads]
   int blocks_per_sm;                    //!< resident fused blocks per SM (the grid is one wave)
@@ -83,19 +83,19 @@ struct LaunchPolicy {
 
 //! Hopper, measured on an H200 (docs/performance-log.md).
 inline constexpr LaunchPolicy kHopperPolicy{
-    384,    // v3: 168 registers a thread hold four head iterations' rows in flight
-    2,      // v3: at most two a SM (the occupancy query decides; the bulk ring leaves one)
-    true,   // v3: the bulk copy leaves the token warps all their registers (1.92 -> 1.55 x floor)
-    6,      // v3: 192 KiB of loads in flight a SM
-    2,      // v3.1: 4 loads in flight while 2 stores drain
-    32768,  // v3: a chunk a stage
-    1,      // v4: 4 was slower on 8 MiB caches, 0 slower on the 1 MiB one
-    6,      // v5: a full ring before the bitmask
-    2,      // v15: case 9 (S = 2048) 1 % faster than with 1
-    8,      // v6: blocks share chunks of large caches, 5-7 % faster
-    0.6,    // v2: 0.35 and 1.0 slower on the token-heavy cases
-    64,     // v11: above it the bulk copy of the fused kernel is faster
-    128,    // v12: 192 and 256 slower on case 8 (becomes 160 with 4 token warps)
+    384,    // 168 registers a thread hold four head iterations' rows in flight; fused at 256 0.4-0.8 % slower
+    2,      // at most two a SM (the occupancy query decides; the bulk ring leaves one)
+    true,   // the bulk copy leaves the token warps all their registers (fused 1.924 -> 1.841 x floor)
+    6,      // a 192 KiB ring a SM; shallower rings up to 3 % slower
+    2,      // 4 loads in flight while 2 stores drain; 1 and 3 1.5 % and 0.6 % slower
+    32768,  // a chunk a stage; 16 KiB chunks 25-40 % slower
+    1,      // 4 cost the 8 MiB caches 1-2 us, 0 cost case 8 2.4 us
+    6,      // a full ring before the bitmask: 9 small cases 14.09 -> 13.36 us
+    2,      // case 9 (S = 2048) 1 % faster than with 1
+    8,      // blocks share chunks of large caches, 5-7 % faster; 6 made case 5 7 % slower
+    0.6,    // 1.924 x floor against 2.234 at 1.0; 0.35 slower on the token-heavy cases
+    64,     // above it the fused kernel's bulk copy is faster (case 10: 133-134 against 142 us)
+    128,    // case 8 3.06-3.14 us against 3.26-3.28 at 256, 192 slower (becomes 160 with 4 token warps)
 };
 
 //! Blackwell: Hopper's values, derived from its bandwidth and latency (no B200 to measure on).

@@ -30,7 +30,7 @@ __device__ __forceinline__ int64_t cache_row(const ProblemArgs<T>& a, int64_t t)
 }
 
 // A position fetched ahead with cp.async into the warp's shared-memory slot (sm_80+): a register load
-// shares a scoreboard with the item's row loads, whose first wait then waited for it (perf log v8).
+// shares a scoreboard with the item's row loads, whose first wait then waited for it (a round trip an item).
 struct PositionPrefetch {
   RawIndex* slot;  // this warp's, in shared memory
   RawIndex held;   // without cp.async: the value as loaded

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const FusedA
 #endif
   const FirstItem first = token_warp ? first_item<kInPlace, kGeneral>(a, warp, lane) : FirstItem{};
   const TokenLayout<kHeadDim, kTokenVec<kVec>> layout(a.head_dim, a.heads, 1 << a.token_parts_log2);
-  // In place, the first item's gK / gV rows go to L2 as soon as its position is in (perf log v16).
+  // In place, the first item's gK / gV rows go to L2 as soon as its position is in (1.1-1.3 % faster).
   const bool repeat = build_first_mask<kInPlace>(a, mask, &repeats, token_warp, [&] {
     if (a.token_prefetch && first.cursor.item < token_count<kGeneral>(a) << a.token_parts_log2) {
       const int64_t r = position_row(a, first.position);

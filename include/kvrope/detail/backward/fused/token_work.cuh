@@ -132,7 +132,7 @@ __device__ __forceinline__ void process_token(const FusedArgs<T>& a, const Token
 #pragma unroll 1
       for (int j0 = slot; j0 < a.heads; j0 += kBatch * w.slots) {
         // Tables loaded in the loop and widened after the row loads: hoisted, their widening made the
-        // row loads wait for them (perf log v8). A bad position leaves them zero (outputs zero).
+        // row loads wait for them (a round trip an item). A bad position leaves them zero (outputs zero).
         RawChunk<T, kVec> cs_raw{V::zeros(), V::zeros()}, sn_raw{V::zeros(), V::zeros()};
         if (valid) {
           cs_raw = load_raw<cub::LOAD_DEFAULT, kVec>(a.cos.row(b, t), w.half, i0);
@@ -220,7 +220,7 @@ __device__ __forceinline__ TokenCursor token_item(const FusedArgs<T>& a, int64_t
 }
 
 // Prefetches into L2 the lines of rows row_of(i), i = first, first + stride, ... < rows, a lane a row
-// (cp.async.bulk.prefetch took uniform registers, so ptxas issued it lane by lane: perf log v16).
+// (cp.async.bulk.prefetch took uniform registers, so ptxas issued it lane by lane: 0.6 us on the bitmask).
 template <typename T, typename RowOf>
 __device__ __forceinline__ void prefetch_rows_l2(const FusedArgs<T>& a, int rows, int first, int stride,
                                                  RowOf&& row_of) {
@@ -256,7 +256,7 @@ __device__ __forceinline__ void prefetch_token_rows(const FusedArgs<T>& a, const
 
 // A token warp's items cur, cur + warps, ... (`position`: cur's, already loaded). With `zero_rows` each
 // item zeroes its rows after reading them; when rows repeat, a row's first token handles all of them.
-// The next item's position is fetched before the current item's rows (perf log v8).
+// The next item's position is fetched before the current item's rows, so no item waits a round trip for it.
 template <bool kInPlace, bool kGeneral, typename T, int kHeadDim, int kVec>
 __device__ void token_work(const FusedArgs<T>& a, const TokenLayout<kHeadDim, kVec>& layout, TokenCursor cur,
                            RawIndex position, PositionPrefetch prefetch, int64_t warps, bool zero_rows, bool repeats) {
@@ -280,8 +280,8 @@ __device__ void token_work(const FusedArgs<T>& a, const TokenLayout<kHeadDim, kV
   }
 }
 
-//! A token warp's first item (dealt to the blocks in turn: item w of block k is w x grid + k, perf log
-//! v10, v15) and its position, loaded before the bitmask is built.
+//! A token warp's first item (dealt to the blocks in turn, item w of block k is w x grid + k: in place 5 %
+//! faster, out of place 0.6 %) and its position, loaded before the bitmask is built.
 struct FirstItem {
   TokenCursor cursor;
   RawIndex position;
