@@ -1,14 +1,14 @@
 // copy_study: how fast can the SMs copy a large buffer on this GPU, and by which scheme? The fused
 // backward's large cases are a cache copy with a little token work on the side, and they sit at
-// 1.13-1.19 x the floor that cudaMemcpyAsync sets (docs/performance-log.md, "Copy study (before
-// v6)"). This program times plain copies of one buffer by each scheme, L2 flushed before each call:
+// 1.13-1.19 x the floor that cudaMemcpyAsync sets (docs/performance-log.md #8). This program times plain copies of one
+// buffer by each scheme, L2 flushed before each call:
 //   - cudaMemcpyAsync (CUDA events; the floor's reference);
 //   - a vectorized grid-stride copy (16-byte loads and stores, 4 in flight per thread), with streaming
 //     (.cs: __ldcs/__stcs, evict-first in L1 and L2) loads and/or stores ("ef-load", "ef-store",
-//     "ef-both") or the default policy (no suffix; before stop 17 the unsuffixed rows were "ef-both");
+//     "ef-both") or the default policy (no suffix);
 //   - the copy warp's scheme (bulk copies through a ring of shared-memory stages, one warp a block),
 //     over: chunk size, ring depth, blocks per SM, how chunks are shared among blocks (contiguous
-//     ranges as in kernel v5, interleaved, or taken at run time from an atomic counter), and L2
+//     ranges as in the kernel of #7, interleaved, or taken at run time from an atomic counter), and L2
 //     evict-first hints on the loads and/or stores (here "ef-*" is a createpolicy cache hint).
 // The kernel time is the span from the first block's start to the last block's end (%globaltimer,
 // the same span as CUPTI's), median of the calls; the spread of the blocks' end times shows how even
@@ -331,7 +331,7 @@ int main(int argc, char** argv) {
   };
   const char* share_name[] = {"contiguous", "interleaved", "dynamic"};
   std::vector<Scheme> schemes = {
-      {32, 6, 2, 1, kContiguous, 0},  // kernel v5's copy warp
+      {32, 6, 2, 1, kContiguous, 0},  // the copy warp of performance-log #7
       {32, 6, 2, 1, kInterleaved, 0},
       {32, 6, 2, 1, kDynamic, 0},
       {32, 6, 2, 1, kContiguous, kLoadEvictFirst},

@@ -1,10 +1,10 @@
 // forward_floor_study: the least a forward call of the benchmark's shapes takes when the kernel does
-// nothing but the call's memory work (docs/performance-log.md, f5). A thread a 16-byte unit pair of a
-// token's head row: it loads its k, v, cos and sin chunks and the token's position, all at once, then
-// stores RoPE(k) and v to the cache row the position names and RoPE(k) to key_out. No repeat check,
-// no error flag, no general layouts: bf16, BHSD, H = 8, D = 128, positions arange, every item in one
-// wave. Its CUPTI time after the L2 flush is what the protocol leaves for one round trip and the
-// stores, set beside the floor the suites use. Timed by kvrope_bench's clock (bench/support).
+// nothing but the call's memory work (docs/performance-log.md, "The forward: what its memory work alone takes"). A
+// thread a 16-byte unit pair of a token's head row: it loads its k, v, cos and sin chunks and the token's position, all
+// at once, then stores RoPE(k) and v to the cache row the position names and RoPE(k) to key_out. No repeat check, no
+// error flag, no general layouts: bf16, BHSD, H = 8, D = 128, positions arange, every item in one wave. Its CUPTI time
+// after the L2 flush is what the protocol leaves for one round trip and the stores, set beside the floor the suites
+// use. Timed by kvrope_bench's clock (bench/support).
 //   forward_floor_study [--iters=N] [--cases_csv=PATH]...   (default: the forward and decode tables)
 #include <cuda_bf16.h>
 

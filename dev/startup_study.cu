@@ -1,5 +1,5 @@
-// startup_study: what a warp's first microseconds cost on a cold GPU (docs/performance-log.md,
-// "Startup study (before v7)"). One warp of one block, %globaltimer around each step, after the same
+// startup_study: what a warp's first microseconds cost on a cold GPU (docs/performance-log.md #10).
+// One warp of one block, %globaltimer around each step, after the same
 // L2 flush as the bench (a buffer of twice the L2 written) or with caches warm:
 //   - code: two passes over the same 4 096 straight-line instructions (8 independent FMA chains, so
 //     a warm pass runs at about one instruction a cycle); the first pass fetches the code;

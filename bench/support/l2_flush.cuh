@@ -1,6 +1,6 @@
 // The L2 flush before each timed call (docs/spec.md §5.3): a buffer of twice the L2 written, which
 // leaves the L2 full of dirty lines; or, as a diagnostic, read (clean lines: the difference is what
-// writing back the flush's lines costs a call, docs/performance-log.md v14). The buffer must hold
+// writing back the flush's lines costs a call, docs/performance-log.md #18). The buffer must hold
 // defined bytes for the reads (0x5a throughout: each word's XOR, and so every sum, is 0).
 #pragma once
 

@@ -160,7 +160,7 @@ inline const std::string& positions_of(const LeaderboardCase& lc, const Options&
 }
 
 // The order of the variants within a case: the naive reference last (or first, with --naive_first).
-// Run just before them it slowed the in-place variant by 3 % (docs/performance-log.md, v15).
+// Run just before them it slowed the in-place variant by 3 % (docs/performance-log.md #19).
 inline const Variant (&variant_order(const Options& opt))[3] {
   static constexpr Variant naive_last[] = {Variant::kFused, Variant::kInPlace, Variant::kNaive};
   return opt.naive_first ? kAllVariants : naive_last;

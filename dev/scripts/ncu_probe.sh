@@ -4,7 +4,7 @@
 # default), caches flushed before each profiled launch (--cache-control all), then the same launch with
 # warm caches (--cache-control none, the second launch). MEMORY=1 adds the memory counters (DRAM bytes,
 # L2 sectors, L1 requests and sectors of global loads and stores): where a head dim's bytes go (perf
-# log b5'). CACHE_CONTROL: the modes to run (default "all none"). Run from the repository root on the
+# log #39). CACHE_CONTROL: the modes to run (default "all none"). Run from the repository root on the
 # GPU machine; DEPS_ENV: a script to source first, if any; BUILD: the build folder (default build-gpu,
 # configured here with the dev tools).
 set -uo pipefail
