@@ -3,7 +3,7 @@
     TORCH_CUDA_ARCH_LIST="9.0" python3 -m pip install --no-build-isolation --no-deps python/
 
 torch.utils.cpp_extension (rather than scikit-build-core over the CMake package): the extension is
-six source files against torch's own headers and flags, so torch's builder is the shortest path,
+seven source files against torch's own headers and flags, so torch's builder is the shortest path,
 and it refuses an nvcc whose major version differs from torch's CUDA, which is the check we want.
 Without TORCH_CUDA_ARCH_LIST the project's default architectures are built (sm_90 and sm_100a)."""
 import os
@@ -23,8 +23,8 @@ setup(
     ext_modules=[
         CUDAExtension(
             "kvrope_torch._C",
-            ["csrc/python.cpp", "csrc/ops.cpp", "csrc/checks.cpp", "csrc/ops_cuda_bf16.cu", "csrc/ops_cuda_fp16.cu",
-             "csrc/ops_cuda_fp32.cu"],
+            ["csrc/python.cpp", "csrc/ops.cpp", "csrc/checks.cpp", "csrc/ops_cuda.cpp", "csrc/launch_bf16.cu",
+             "csrc/launch_fp16.cu", "csrc/launch_fp32.cu"],
             include_dirs=[include],
             extra_compile_args={"cxx": ["-O3", "-std=c++17"], "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]},
         )

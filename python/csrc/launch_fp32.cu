@@ -1,5 +1,4 @@
-// kvrope_torch's CUDA entry points for fp32 (ops_cuda.cuh); one file a dtype, so that they compile in parallel.
-#include "ops_cuda.cuh"
+// kvrope_torch's launchers for float (launch.h); one file a dtype, so that they compile in parallel.
+#include "launch_cuda.cuh"
 
-template void kvrope_torch::forward_cuda<kvrope_torch::DType::kFp32>(const kvrope_torch::ForwardTensors&);
-template void kvrope_torch::backward_cuda<kvrope_torch::DType::kFp32>(const kvrope_torch::BackwardTensors&);
+KVROPE_TORCH_LAUNCHERS(float);

@@ -1,5 +1,5 @@
 // The C++ side of kvrope_torch: the tensors of each op, their checks (checks.cpp) and the per-dtype
-// CUDA entry points (ops_cuda_*.cu).
+// CUDA entry points (ops_cuda.cpp, over the launchers of launch.h).
 #pragma once
 
 #include <ATen/ATen.h>

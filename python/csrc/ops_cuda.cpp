@@ -1,17 +1,16 @@
-// The CUDA entry points of kvrope_torch for one dtype: tensors to kvrope's parameter structs, then
-// kvrope's launchers on the current stream. Included by ops_cuda_{bf16,fp16,fp32}.cu.
-#pragma once
-
+// The CUDA entry points of kvrope_torch: tensors to kvrope's parameter structs, then kvrope's launchers
+// (launch.h, compiled in launch_*.cu without torch's headers) on the current stream.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <kvrope/kvrope.cuh>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
+#include "launch.h"
 #include "ops.h"
 
 namespace kvrope_torch {
@@ -37,11 +36,11 @@ template <typename T>
 kvrope::TokenRows<T> token_rows(const c10::optional<at::Tensor>& x) {
   return x.has_value() && x->defined() ? token_rows<T>(*x) : kvrope::TokenRows<T>{};
 }
-inline int* flag_ptr(const c10::optional<at::Tensor>& flag) {
+int* flag_ptr(const c10::optional<at::Tensor>& flag) {
   return flag.has_value() && flag->defined() ? flag->data_ptr<int>() : nullptr;
 }
 
-inline void check(const kvrope::Status& s, const char* op) {
+void check(const kvrope::Status& s, const char* op) {
   TORCH_CHECK(s.ok(), op, ": ", kvrope::to_string(s.code), s.field ? std::string(" (") + s.field + ")" : "",
               s.other ? std::string(" and ") + s.other : "",
               s.cuda_error != cudaSuccess ? std::string(": ") + cudaGetErrorString(s.cuda_error) : "");
@@ -50,7 +49,7 @@ inline void check(const kvrope::Status& s, const char* op) {
 // A zeroed workspace of the out-of-place backward per (device, stream): each call leaves it zero, and
 // calls on one stream never overlap (BackwardParams::workspace). Never freed: 8 bytes a stream, and no
 // free after the CUDA context is gone at exit.
-inline void* backward_workspace(const at::Tensor& like, cudaStream_t stream) {
+void* backward_workspace(const at::Tensor& like, cudaStream_t stream) {
   static std::mutex mutex;
   static auto* workspaces = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
   const std::lock_guard<std::mutex> lock(mutex);
@@ -101,7 +100,7 @@ void forward_typed(const ForwardTensors& t, cudaStream_t stream) {
     p.sin = token_rows<const T>(t.sin);
   }
   p.error_flag = flag_ptr(t.error_flag);
-  check(kvrope::kv_cache_rope_forward(p, stream), "kvrope.forward");
+  check(launch_forward(p, stream), "kvrope.forward");
 }
 
 template <typename T, typename Pos>
@@ -126,13 +125,13 @@ void backward_typed(const BackwardTensors& t, cudaStream_t stream) {
     p.grad_key_cache_input = head_rows<T>(t.grad_key_cache_input);
     p.grad_value_cache_input = head_rows<T>(t.grad_value_cache_input);
     p.workspace = backward_workspace(t.grad_key_cache, stream);
-    check(kvrope::kv_cache_rope_backward(p, stream), "kvrope.backward");
+    check(launch_backward(p, stream), "kvrope.backward");
   } else {
     kvrope::BackwardInPlaceParams<T, Pos> p;
     fill(p);
     p.grad_key_cache = head_rows<T>(t.grad_key_cache);
     p.grad_value_cache = head_rows<T>(t.grad_value_cache);
-    check(kvrope::kv_cache_rope_backward(p, stream), "kvrope.backward_");
+    check(launch_backward(p, stream), "kvrope.backward_");
   }
 }
 
@@ -155,5 +154,12 @@ void backward_cuda(const BackwardTensors& t) {
   else
     backward_typed<Elem<kDType>, int32_t>(t, stream);
 }
+
+template void forward_cuda<DType::kBf16>(const ForwardTensors&);
+template void forward_cuda<DType::kFp16>(const ForwardTensors&);
+template void forward_cuda<DType::kFp32>(const ForwardTensors&);
+template void backward_cuda<DType::kBf16>(const BackwardTensors&);
+template void backward_cuda<DType::kFp16>(const BackwardTensors&);
+template void backward_cuda<DType::kFp32>(const BackwardTensors&);
 
 }  // namespace kvrope_torch

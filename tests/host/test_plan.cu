@@ -183,4 +183,6 @@ TEST_CASE("rotary_spec: table gradients summed over the batch only when B > 1", 
   CHECK_FALSE(rotary_spec(p).sum_batches);
   CHECK(workspace_of(p) == nullptr);
   CHECK(workspace_of(BackwardInPlaceParams<T>{}) == nullptr);
+  CHECK(kIsInPlace<BackwardInPlaceParams<T, int32_t>>);
+  CHECK_FALSE(kIsInPlace<BackwardParams<T, int32_t>>);
 }

@@ -19,16 +19,12 @@
 
 namespace kvrope::detail {
 
-// The fused kernel's instance of a head dim and access width for the call's variant.
-template <typename T, int kD, int kVec>
-auto fused_instance(bool in_place) {
-  return in_place ? backward_kernel<T, kD, kVec, true> : backward_kernel<T, kD, kVec, false>;
-}
-
 // Plans the call `a` (workspace: BackwardParams::workspace or null) on the current device with
 // `policy` (null: the device's own) and launches it unless `plan_only`. `Dims`: the compiled head dims.
 // A call with another rotation (RotarySpec::general) takes the general instance of the fused kernel.
-template <typename Dims, typename T>
+// The variant is a template parameter (a.in_place holds the same): a caller of one variant compiles its
+// kernel instances only.
+template <typename Dims, bool kInPlace, typename T>
 Status launch_backward(const ProblemArgs<T>& a, const RotarySpec& rotary, unsigned int* workspace,
                        const LaunchPolicy* policy, cudaStream_t stream, LaunchConfig* config_out, bool plan_only) {
   static_assert(kIsSupportedType<T>, "kvrope: T must be __nv_bfloat16, __half or float");
@@ -71,13 +67,12 @@ Status launch_backward(const ProblemArgs<T>& a, const RotarySpec& rotary, unsign
   }
 
   using Kernel = void (*)(FusedArgs<T>);
-  Kernel kernel = fused_instance<T, 0, 1>(a.in_place);
+  Kernel kernel = backward_kernel<T, 0, 1, kInPlace>;
   if (general) {
-    kernel = a.in_place ? backward_kernel<T, 0, 1, true, true> : backward_kernel<T, 0, 1, false, true>;
-    if (vec) kernel = a.in_place ? backward_kernel<T, 0, kWide, true, true> : backward_kernel<T, 0, kWide, false, true>;
+    kernel = vec ? backward_kernel<T, 0, kWide, kInPlace, true> : backward_kernel<T, 0, 1, kInPlace, true>;
   } else if (vec) {
     plan.head_dim_instance = kvrope::dispatch_head_dim<Dims>(a.head_dim, [&](auto d) {
-      kernel = fused_instance<T, decltype(d)::value, kWide>(a.in_place);
+      kernel = backward_kernel<T, decltype(d)::value, kWide, kInPlace>;
       return decltype(d)::value;
     });
   }
@@ -102,8 +97,8 @@ template <typename Dims, typename Params>
 Status run_backward(const Params& params, const LaunchPolicy* policy, cudaStream_t stream, LaunchConfig* config,
                     bool plan_only) {
   if (Status s = validate_backward(params); !s) return s;
-  return launch_backward<Dims>(problem_args(params), rotary_spec(params), workspace_of(params), policy, stream, config,
-                               plan_only);
+  return launch_backward<Dims, kIsInPlace<Params>>(problem_args(params), rotary_spec(params), workspace_of(params),
+                                                   policy, stream, config, plan_only);
 }
 
 }  // namespace kvrope::detail

@@ -84,6 +84,12 @@ ProblemArgs<T> problem_args(const BackwardInPlaceParams<T, Pos>& p) {
   return problem_args<T, Pos>(p, p.grad_key_cache, p.grad_value_cache, p.grad_key_cache, p.grad_value_cache, true);
 }
 
+//! Whether a params type is the in-place variant.
+template <typename Params>
+inline constexpr bool kIsInPlace = false;
+template <typename T, typename Pos>
+inline constexpr bool kIsInPlace<BackwardInPlaceParams<T, Pos>> = true;
+
 template <typename T, typename Pos>
 unsigned int* workspace_of(const BackwardParams<T, Pos>& p) {
   return static_cast<unsigned int*>(p.workspace);

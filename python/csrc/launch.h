@@ -1,0 +1,32 @@
+// kvrope's launchers as kvrope_torch calls them: plain parameter structs and a stream, no ATen, so the
+// CUDA files (launch_{bf16,fp16,fp32}.cu) compile without torch's headers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <kvrope/backward_params.cuh>
+#include <kvrope/core/dtype.cuh>
+#include <kvrope/core/status.cuh>
+#include <kvrope/forward_params.cuh>
+
+namespace kvrope_torch {
+
+template <typename T, typename Pos>
+kvrope::Status launch_forward(const kvrope::ForwardParams<T, Pos>& p, cudaStream_t stream);
+template <typename T, typename Pos>
+kvrope::Status launch_backward(const kvrope::BackwardParams<T, Pos>& p, cudaStream_t stream);
+template <typename T, typename Pos>
+kvrope::Status launch_backward(const kvrope::BackwardInPlaceParams<T, Pos>& p, cudaStream_t stream);
+
+}  // namespace kvrope_torch
+
+//! The launchers of element type T for both position types, instantiated in one CUDA file a dtype.
+#define KVROPE_TORCH_LAUNCHERS(T)                                                                                 \
+  template kvrope::Status kvrope_torch::launch_forward(const kvrope::ForwardParams<T, int64_t>&, cudaStream_t);   \
+  template kvrope::Status kvrope_torch::launch_forward(const kvrope::ForwardParams<T, int32_t>&, cudaStream_t);   \
+  template kvrope::Status kvrope_torch::launch_backward(const kvrope::BackwardParams<T, int64_t>&, cudaStream_t); \
+  template kvrope::Status kvrope_torch::launch_backward(const kvrope::BackwardParams<T, int32_t>&, cudaStream_t); \
+  template kvrope::Status kvrope_torch::launch_backward(const kvrope::BackwardInPlaceParams<T, int64_t>&,         \
+                                                        cudaStream_t);                                            \
+  template kvrope::Status kvrope_torch::launch_backward(const kvrope::BackwardInPlaceParams<T, int32_t>&, cudaStream_t)
