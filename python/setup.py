@@ -23,8 +23,9 @@ setup(
     ext_modules=[
         CUDAExtension(
             "kvrope_torch._C",
-            ["csrc/python.cpp", "csrc/ops.cpp", "csrc/checks.cpp", "csrc/ops_cuda.cpp", "csrc/launch_bf16.cu",
-             "csrc/launch_fp16.cu", "csrc/launch_fp32.cu"],
+            # The CUDA files first: the longest compiles start first, the C++ files fill the tail.
+            ["csrc/launch_bf16.cu", "csrc/launch_fp16.cu", "csrc/launch_fp32.cu", "csrc/python.cpp", "csrc/ops.cpp",
+             "csrc/checks.cpp", "csrc/ops_cuda.cpp"],
             include_dirs=[include],
             extra_compile_args={"cxx": ["-O3", "-std=c++17"], "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]},
         )
