@@ -12,10 +12,7 @@ namespace kvrope::detail {
 
 template <typename T, typename Pos>
 Status check_common_sizes(const BackwardCommon<T, Pos>& p) {
-  if (p.batch < 0) return fail(StatusCode::kInvalidSize, "batch");
-  if (p.heads < 0) return fail(StatusCode::kInvalidSize, "heads");
-  if (p.seq_len < 0) return fail(StatusCode::kInvalidSize, "seq_len");
-  if (p.cache_len < 0) return fail(StatusCode::kInvalidSize, "cache_len");
+  if (Status s = check_sizes(p.batch, p.heads, p.seq_len, p.cache_len); !s) return s;
   if (Status s = check_rotation(p.head_dim, p.rotary_dim, p.style); !s) return s;
   // Table gradients summed over the batch (batch stride 0) are both summed or neither.
   if (p.grad_cos.data && p.grad_sin.data && p.batch > 1 &&

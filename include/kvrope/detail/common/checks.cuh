@@ -136,6 +136,15 @@ inline Status check_rotation(int64_t head_dim, int64_t rotary_dim, RotaryStyle s
   return {};
 }
 
+// The sizes both ops take: none negative, named in this order.
+inline Status check_sizes(int64_t batch, int64_t heads, int64_t seq_len, int64_t cache_len) {
+  if (batch < 0) return fail(StatusCode::kInvalidSize, "batch");
+  if (heads < 0) return fail(StatusCode::kInvalidSize, "heads");
+  if (seq_len < 0) return fail(StatusCode::kInvalidSize, "seq_len");
+  if (cache_len < 0) return fail(StatusCode::kInvalidSize, "cache_len");
+  return {};
+}
+
 // Row counts the kernels index in 32 bits: a cache's, the tokens', and every tensor's (its heads x rows).
 inline Status check_row_counts(int64_t batch, int64_t heads, int64_t seq_len, int64_t cache_len) {
   if (cache_len > kMaxRows) return fail(StatusCode::kTooLarge, "cache_len");

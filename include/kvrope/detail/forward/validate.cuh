@@ -11,10 +11,7 @@ namespace kvrope::detail {
 
 template <typename T, typename Pos>
 Status check_forward_sizes(const ForwardParams<T, Pos>& p) {
-  if (p.batch < 0) return fail(StatusCode::kInvalidSize, "batch");
-  if (p.heads < 0) return fail(StatusCode::kInvalidSize, "heads");
-  if (p.seq_len < 0) return fail(StatusCode::kInvalidSize, "seq_len");
-  if (p.cache_len < 0) return fail(StatusCode::kInvalidSize, "cache_len");
+  if (Status s = check_sizes(p.batch, p.heads, p.seq_len, p.cache_len); !s) return s;
   if (p.query_heads < 0) return fail(StatusCode::kInvalidSize, "query_heads");
   if (p.max_position < 0) return fail(StatusCode::kInvalidSize, "max_position");
   if (Status s = check_rotation(p.head_dim, p.rotary_dim, p.style); !s) return s;
