@@ -15,11 +15,19 @@ jobs_file=$out/sanitize-jobs.txt
 # racecheck first: it is the slowest.
 for tool in $tools; do
   for bin in "$build"/tests/gpu/gpu_*; do
-    "$bin" --list-test-names-only 2>/dev/null | sed -E -e '/^ *$/d' -e 's/^ *//' -e '/^[0-9]+ (matching )?test cases?$/d' | while IFS= read -r name; do
+    # Catch2 v2 lists the names with --list-test-names-only, v3 with --list-tests --verbosity quiet.
+    list=(--list-test-names-only)
+    "$bin" "${list[@]}" 2>&1 | grep -q 'Unrecognised token' && list=(--list-tests --verbosity quiet)
+    "$bin" "${list[@]}" 2>/dev/null | sed -E -e '/^ *$/d' -e 's/^ *//' -e '/^[0-9]+ (matching )?test cases?$/d' | while IFS= read -r name; do
       printf '%s\t%s\t%s\n' "$tool" "$bin" "$name" >> "$jobs_file"
     done
   done
 done
+
+if [[ ! -s $jobs_file ]]; then
+  echo "sanitize: no test cases listed under $build/tests/gpu" >&2
+  exit 1
+fi
 
 run_one() {
   local tool=$1 bin=$2 name=$3 out=$4
