@@ -1,6 +1,8 @@
 // kvrope: fused KV-cache + RoPE kernels. The umbrella header: every public header.
 #pragma once
 
+#include "append.cuh"           // IWYU pragma: export
+#include "append_params.cuh"    // IWYU pragma: export
 #include "backward.cuh"         // IWYU pragma: export
 #include "backward_params.cuh"  // IWYU pragma: export
 #include "core/dispatch.cuh"    // IWYU pragma: export

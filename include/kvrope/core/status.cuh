@@ -22,6 +22,7 @@ enum class StatusCode : int {
   kInvalidRotaryDim,      //!< rotary_dim is negative, odd or above head_dim
   kInvalidStyle,          //!< style is not a RotaryStyle value
   kConflictingFields,     //!< two fields that exclude each other are both set (`field` and `other`)
+  kSlotOutOfRange,        //!< reported by read_error_flag: an append's slot was at or above num_pages * page_size
 };
 
 //! The result of a host entry point: a code, the first offending field (a static string such as
@@ -55,6 +56,7 @@ inline const char* to_string(StatusCode code) {
     case StatusCode::kInvalidRotaryDim: return "rotary_dim must be even and in [0, head_dim]";
     case StatusCode::kInvalidStyle: return "unknown rotary style";
     case StatusCode::kConflictingFields: return "fields that exclude each other are both set";
+    case StatusCode::kSlotOutOfRange: return "slot out of range";
   }
   return "unknown status";
 }

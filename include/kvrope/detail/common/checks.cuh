@@ -99,19 +99,21 @@ inline Status check_rows_disjoint(const Layout& t) {
   return {};
 }
 
-// Whether some row of `b` overlaps some row of `a`, when both have the same shape and strides (two
-// views into one interleaved buffer, as a fused QKV gradient gives). The nearest row offset of `a`
-// to the byte distance between them is found dim by dim, from the largest stride down, trying the
-// two neighbouring multiples at each level.
-inline bool lattice_hits(const Layout& a, int64_t distance, int level, const std::array<int, 3>& order) {
+// Whether some row of `b` overlaps some row of `a`, when both have the same strides (two views into
+// one interleaved buffer, as a fused QKV projection or its gradient gives; their extents may differ).
+// Row i of `a` and row j of `b` overlap when |distance - sum_k (i_k - j_k) stride_k| < row, with
+// distance the element offset of b from a: the nearest such sum is found dim by dim, from the largest
+// stride down, trying the two neighbouring multiples at each level, each within
+// i_k - j_k in [-(b.extent_k - 1), a.extent_k - 1].
+inline bool lattice_hits(const Layout& a, const Layout& b, int64_t distance, int level, const std::array<int, 3>& order) {
   if (level < 0) return std::llabs(distance) < a.row;
   const int i = order[level];
   const int64_t s = a.stride[i];
-  if (s == 0 || a.extent[i] <= 1) return lattice_hits(a, distance, level - 1, order);
+  if (s == 0 || (a.extent[i] <= 1 && b.extent[i] <= 1)) return lattice_hits(a, b, distance, level - 1, order);
   const int64_t q = distance >= 0 ? distance / s : -((-distance + s - 1) / s);
   for (int64_t k : {q, q + 1}) {
-    const int64_t kc = std::clamp<int64_t>(k, -(a.extent[i] - 1), a.extent[i] - 1);
-    if (lattice_hits(a, distance - kc * s, level - 1, order)) return true;
+    const int64_t kc = std::clamp<int64_t>(k, -(b.extent[i] - 1), a.extent[i] - 1);
+    if (lattice_hits(a, b, distance - kc * s, level - 1, order)) return true;
   }
   return false;
 }
@@ -119,11 +121,20 @@ inline bool lattice_hits(const Layout& a, int64_t distance, int level, const std
 inline bool overlaps(const Layout& a, const Layout& b) {
   if (a.elements() == 0 || b.elements() == 0) return false;
   if (a.hi() <= b.lo() || b.hi() <= a.lo()) return false;
-  const bool same_shape = a.elem_bytes == b.elem_bytes && a.row == b.row && a.dims == b.dims && a.extent == b.extent &&
-                          a.stride == b.stride;
+  const bool same_strides = a.elem_bytes == b.elem_bytes && a.row == b.row && a.dims == b.dims && a.stride == b.stride;
   const int64_t bytes = static_cast<int64_t>(b.lo()) - static_cast<int64_t>(a.lo());
-  if (!same_shape || bytes % a.elem_bytes != 0) return true;  // conservative
-  return lattice_hits(a, bytes / a.elem_bytes, a.dims - 1, by_stride(a));
+  if (!same_strides || bytes % a.elem_bytes != 0) return true;  // conservative
+  // The search is exact when each stride exceeds the reach of the dims inside it; else conservative.
+  const std::array<int, 3> order = by_stride(a);
+  int64_t reach = a.row;
+  for (int k = 0; k < a.dims; ++k) {
+    const int i = order[k];
+    const int64_t e = std::max(a.extent[i], b.extent[i]);
+    if (e <= 1 || a.stride[i] == 0) continue;
+    if (a.stride[i] < reach) return true;
+    reach += (e - 1) * a.stride[i];
+  }
+  return lattice_hits(a, b, bytes / a.elem_bytes, a.dims - 1, order);
 }
 
 // A head row's size and rotation, as both ops take them.

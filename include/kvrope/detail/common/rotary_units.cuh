@@ -3,7 +3,9 @@
 
 #include <cstdint>
 
+#include "../../core/dtype.cuh"
 #include "../../core/rotary.cuh"
+#include "../../rope.cuh"
 
 namespace kvrope::detail {
 
@@ -29,6 +31,28 @@ __host__ __device__ __forceinline__ UnitPlace unit_place(RotaryStyle style, int6
   const int at = u * N;
   if (style == RotaryStyle::kRotateHalf) return {at, at + r / 2, at, at, true, true};
   return {at, at + r / 2, at / 2, (at + r / 2) / 2, true, false};
+}
+
+//! A unit's tables from a table cache row (one angle a pair: cos at `cs`, sin at `sn`, elements of E),
+//! in fp32. The pairs span the chunks (element i of each is angle pair_lo + i), or each chunk holds
+//! N / 2 whole pairs (angles pair_lo + i / 2 and pair_hi + i / 2).
+template <int N, typename E>
+__device__ __forceinline__ void load_cached_angles(const E* cs, const E* sn, const UnitPlace& pl, RopeChunk<N>& c,
+                                                   RopeChunk<N>& s) {
+  float ac[N], as[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int at = pl.cross ? pl.pair_lo + i : (i < N / 2 ? pl.pair_lo + i : pl.pair_hi + i - N / 2);
+    ac[i] = to_float(cs[at]);
+    as[i] = to_float(sn[at]);
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    c.lo[i] = pl.cross ? ac[i] : ac[i / 2];
+    s.lo[i] = pl.cross ? as[i] : as[i / 2];
+    c.hi[i] = pl.cross ? ac[i] : ac[N / 2 + i / 2];
+    s.hi[i] = pl.cross ? as[i] : as[N / 2 + i / 2];
+  }
 }
 
 }  // namespace kvrope::detail

@@ -151,23 +151,7 @@ struct ForwardUnit {
     } else {
       using E = std::conditional_t<kSource == TableSource::kCacheF32, float, T>;
       const E* cs = static_cast<const E*>(a.table_cache) + table_row * a.rotary_dim;
-      const E* sn = cs + a.rotary_dim / 2;
-      // N angles a unit: the pairs span the chunks (element i of each is angle pair_lo + i), or each
-      // chunk holds N / 2 whole pairs (angles pair_lo + i / 2 and pair_hi + i / 2).
-      float ac[N], as[N];
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const int at = pl.cross ? pl.pair_lo + i : (i < N / 2 ? pl.pair_lo + i : pl.pair_hi + i - N / 2);
-        ac[i] = to_float(cs[at]);
-        as[i] = to_float(sn[at]);
-      }
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        c.lo[i] = pl.cross ? ac[i] : ac[i / 2];
-        s.lo[i] = pl.cross ? as[i] : as[i / 2];
-        c.hi[i] = pl.cross ? ac[i] : ac[N / 2 + i / 2];
-        s.hi[i] = pl.cross ? as[i] : as[N / 2 + i / 2];
-      }
+      load_cached_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
     }
   }
 

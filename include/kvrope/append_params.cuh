@@ -1,0 +1,136 @@
+// Parameters of the serving forward (docs/spec.md §7): ragged tokens rotated and appended to a paged
+// (or flat, or contiguous) KV cache in T or fp8. Plain structs of pointers and int64 strides, and the
+// plan a call launches.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "core/rotary.cuh"
+#include "error_flag.cuh"
+
+namespace kvrope {
+
+//! A [tokens, heads, D] tensor of head rows: q, k or v of a ragged batch. The last dim is contiguous;
+//! token and head strides are in elements, so q, k and v may be views of one fused projection
+//! qkv [tokens, (Hq + 2 H) D] (token_stride (Hq + 2 H) D, head_stride D).
+template <typename T>
+struct TokenHeads {
+  T* data = nullptr;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+
+  __host__ __device__ T* row(int64_t token, int64_t head) const { return data + token * token_stride + head * head_stride; }
+  template <typename U = T, typename = std::enable_if_t<!std::is_const_v<U>>>
+  __host__ __device__ operator TokenHeads<const U>() const {
+    return {data, token_stride, head_stride};
+  }
+};
+
+//! A contiguous [tokens, heads, D] tensor.
+template <typename T>
+TokenHeads<T> thd(T* data, int64_t heads, int64_t head_dim) {
+  return {data, heads * head_dim, head_dim};
+}
+
+//! A KV cache whose rows are addressed by slot: slot s is page s / P, offset s % P (P the page size),
+//! and its row of head h starts at data + page * page_stride + offset * offset_stride + h * head_stride
+//! (elements of C). One description covers NHD pages [pages, P, H, D] (offset_stride H D, head_stride
+//! D), HND pages [pages, H, P, D] (offset_stride D, head_stride P D), a flat pool [slots, H, D] (P = 1)
+//! and a contiguous per-sequence cache (P = S_max).
+template <typename C>
+struct PagedCache {
+  C* data = nullptr;
+  int64_t page_stride = 0;
+  int64_t offset_stride = 0;
+  int64_t head_stride = 0;
+
+  __host__ __device__ C* row(int64_t page, int64_t offset, int64_t head) const {
+    return data + page * page_stride + offset * offset_stride + head * head_stride;
+  }
+};
+
+//! Contiguous NHD pages [pages, P, H, D] (vLLM, FlashInfer's default).
+template <typename C>
+PagedCache<C> nhd_pages(C* data, int64_t page_size, int64_t heads, int64_t head_dim) {
+  return {data, page_size * heads * head_dim, heads * head_dim, head_dim};
+}
+//! Contiguous HND pages [pages, H, P, D] (FlashInfer's other layout).
+template <typename C>
+PagedCache<C> hnd_pages(C* data, int64_t page_size, int64_t heads, int64_t head_dim) {
+  return {data, page_size * heads * head_dim, head_dim, page_size * head_dim};
+}
+
+//! True for the cache element types: T itself, or fp8 (quantized on write).
+template <typename T, typename C>
+inline constexpr bool kIsCacheTypeFor =
+    std::is_same_v<C, T> || std::is_same_v<C, __nv_fp8_e4m3> || std::is_same_v<C, __nv_fp8_e5m2>;
+template <typename C>
+inline constexpr bool kIsFp8 = std::is_same_v<C, __nv_fp8_e4m3> || std::is_same_v<C, __nv_fp8_e5m2>;
+
+//! The serving forward: for each of `tokens` tokens, q (Hq heads) and k (H heads) optionally RMS-normed
+//! per head, rotated (RoPE, table cache indexed by positions), q written in place or to query_out, k
+//! to key_out and/or in place if asked, and RoPE(k) and v written to the cache rows of slot_mapping,
+//! quantized when C is fp8.
+//!
+//! @tparam T   element type of q, k, v, the outputs and the norm weights: __nv_bfloat16, __half or float
+//! @tparam C   element type of the caches: T, __nv_fp8_e4m3 or __nv_fp8_e5m2
+//! @tparam Pos type of positions: int64_t or int32_t
+template <typename T, typename C = T, typename Pos = int64_t>
+struct AppendParams {
+  int64_t tokens = 0;       //!< T, new tokens of the ragged batch
+  int64_t heads = 0;        //!< H, KV heads
+  int64_t query_heads = 0;  //!< Hq, heads of q (0: no q)
+  int64_t head_dim = 0;     //!< D, positive and even
+  int64_t rotary_dim = 0;   //!< R, even, 0 < R <= D (0: R = D); elements R..D-1 pass through
+  RotaryStyle style = RotaryStyle::kRotateHalf;
+
+  TokenHeads<T> query;      //!< q [T, Hq, D]: read, rotated in place unless query_out is given
+  TokenHeads<T> query_out;  //!< optional [T, Hq, D]: the rotated q, q left as it was
+  TokenHeads<T> key;        //!< k [T, H, D]: read; written only with key_in_place
+  TokenHeads<T> key_out;    //!< optional [T, H, D]: the rotated k
+  bool key_in_place = false;  //!< write the rotated k back into key (vLLM); excludes key_out
+  TokenHeads<const T> value;  //!< v [T, H, D]
+
+  const Pos* positions = nullptr;            //!< [T] device array: each token's row of the table cache
+  const T* cos_sin_cache = nullptr;          //!< table cache [max_position, R] in T (cos in [0, R/2), sin in [R/2, R))
+  const float* cos_sin_cache_f32 = nullptr;  //!< the same in fp32 (one of the two exactly)
+  int64_t max_position = 0;                  //!< rows of the table cache
+
+  //! Optional per-head RMSNorm before the rotation, in fp32: x * rsqrt(mean(x^2) + norm_eps) * w over
+  //! the D elements of each head row, with w = weight (or 1 + weight with norm_weight_plus_one, Gemma).
+  const T* query_norm_weight = nullptr;  //!< [D], or null: q not normed
+  const T* key_norm_weight = nullptr;    //!< [D], or null: k not normed
+  float norm_eps = 1e-6f;
+  bool norm_weight_plus_one = false;
+
+  PagedCache<C> key_cache;                //!< gets RoPE(k) (quantized when C is fp8) at each token's slot
+  PagedCache<C> value_cache;              //!< gets v at each token's slot
+  int64_t page_size = 0;                  //!< P, slots a page
+  int64_t num_pages = 0;                  //!< pages of each cache: slots [0, num_pages P) exist
+  const int64_t* slot_mapping = nullptr;  //!< [T] device array: a token's slot; negative: no cache write
+
+  //! fp8 caches only: device scales, stored = fp8_satfinite(x / scale); null means 1. One float, or H
+  //! (one a head) with scale_per_head.
+  const float* key_scale = nullptr;
+  const float* value_scale = nullptr;
+  bool scale_per_head = false;
+
+  //! Optional device int (error_flag.cuh): a slot at or above num_pages P ORs kErrorSlotOutOfRange (the
+  //! token writes no cache row; q and k are still written), a position outside [0, max_position) ORs
+  //! kErrorPositionIdOutOfRange (the token writes nothing at all).
+  int* error_flag = nullptr;
+};
+
+//! What an append call launches, as plan_append reports it without launching.
+struct AppendPlan {
+  bool launched = false;  //!< false: nothing to read or write
+  int vec_width = 0;      //!< elements per access (16 bytes, or 1 for unaligned rows)
+  int lanes = 0;          //!< lanes a head row (a power of two, at most 32)
+  int grid = 0;           //!< blocks
+  int block = 0;          //!< threads per block
+};
+
+}  // namespace kvrope

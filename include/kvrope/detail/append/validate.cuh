@@ -1,0 +1,112 @@
+// Host-side checks behind kvrope::validate for the append (docs/spec.md §7).
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "../../append_params.cuh"
+#include "../common/checks.cuh"
+
+namespace kvrope::detail {
+
+// A [tokens, heads, D] view as the checks see it.
+template <typename T>
+Layout token_heads_layout(const char* name, const char* const (&strides)[2], const TokenHeads<T>& v, int64_t tokens,
+                          int64_t heads, int64_t head_dim) {
+  return Layout{name, v.data, int64_t{sizeof(T)}, head_dim, 2, {tokens, heads, 1}, {v.token_stride, v.head_stride, 0},
+                {strides[0], strides[1], nullptr}};
+}
+// A paged cache as the checks see it: [pages, P, H] rows of D.
+template <typename C>
+Layout paged_layout(const char* name, const char* const (&strides)[3], const PagedCache<C>& c, int64_t pages,
+                    int64_t page_size, int64_t heads, int64_t head_dim) {
+  return Layout{name,
+                c.data,
+                int64_t{sizeof(C)},
+                head_dim,
+                3,
+                {pages, page_size, heads},
+                {c.page_stride, c.offset_stride, c.head_stride},
+                {strides[0], strides[1], strides[2]}};
+}
+
+#define KVROPE_DETAIL_TOKEN_HEAD_STRIDES(x) \
+  { #x ".token_stride", #x ".head_stride" }
+#define KVROPE_DETAIL_PAGE_STRIDES(x) \
+  { #x ".page_stride", #x ".offset_stride", #x ".head_stride" }
+
+template <typename T, typename C, typename Pos>
+Status check_append_sizes(const AppendParams<T, C, Pos>& p) {
+  if (p.tokens < 0) return fail(StatusCode::kInvalidSize, "tokens");
+  if (p.heads < 0) return fail(StatusCode::kInvalidSize, "heads");
+  if (p.query_heads < 0) return fail(StatusCode::kInvalidSize, "query_heads");
+  if (p.max_position < 0) return fail(StatusCode::kInvalidSize, "max_position");
+  if (p.page_size < 0 || (p.page_size == 0 && p.heads > 0)) return fail(StatusCode::kInvalidSize, "page_size");
+  if (p.num_pages < 0) return fail(StatusCode::kInvalidSize, "num_pages");
+  if (Status s = check_rotation(p.head_dim, p.rotary_dim, p.style); !s) return s;
+  if (p.tokens > kMaxRows) return fail(StatusCode::kTooLarge, "tokens");
+  if (p.page_size > kMaxRows) return fail(StatusCode::kTooLarge, "page_size");
+  // Rows are numbered in 32 bits inside the kernel: T (Hq + 2 H) of them.
+  if (static_cast<double>(p.tokens) * static_cast<double>(p.query_heads + 2 * p.heads) > static_cast<double>(kMaxRows))
+    return fail(StatusCode::kTooLarge, "tokens");
+  if (p.norm_eps < 0.0f || !(p.norm_eps == p.norm_eps)) return fail(StatusCode::kInvalidSize, "norm_eps");
+  if (p.cos_sin_cache != nullptr && p.cos_sin_cache_f32 != nullptr)
+    return fail(StatusCode::kConflictingFields, "cos_sin_cache", "cos_sin_cache_f32");
+  if (p.key_in_place && p.key_out.data != nullptr) return fail(StatusCode::kConflictingFields, "key_in_place", "key_out");
+  if constexpr (!kIsFp8<C>) {
+    if (p.key_scale != nullptr) return fail(StatusCode::kConflictingFields, "key_scale", "key_cache");
+    if (p.value_scale != nullptr) return fail(StatusCode::kConflictingFields, "value_scale", "value_cache");
+  }
+  return {};
+}
+
+// Checks an append call without touching the device: sizes, one table source, required pointers,
+// strides, disjoint output rows, outputs clear of every input and of each other (q in place and k in
+// place are outputs only).
+template <typename T, typename C, typename Pos>
+Status validate_append(const AppendParams<T, C, Pos>& p) {
+  static_assert(kIsCacheTypeFor<T, C>, "kvrope: the cache type C must be T, __nv_fp8_e4m3 or __nv_fp8_e5m2");
+  if (Status s = check_append_sizes(p); !s) return s;
+  const int64_t d = p.head_dim;
+  const int64_t rotary = effective_rotary_dim(p.rotary_dim, d);
+  const int64_t rows = p.query_heads + p.heads > 0 ? p.tokens : 0;  // tokens with a row to rotate
+  const bool f32 = p.cos_sin_cache_f32 != nullptr;
+  if (rows > 0 && p.cos_sin_cache == nullptr && !f32) return fail(StatusCode::kNullPointer, "cos_sin_cache");
+  const bool q_in_place = p.query_out.data == nullptr;
+  const int64_t q_tokens = p.query_heads > 0 ? p.tokens : 0;
+  const int64_t kv_tokens = p.heads > 0 ? p.tokens : 0;
+  const int64_t scales = p.scale_per_head ? p.heads : 1;
+  const int64_t cache_pages = p.heads > 0 ? p.num_pages : 0;
+  const std::array<Layout, 10> in{
+      token_heads_layout("key", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key), TokenHeads<const T>(p.key),
+                         p.key_in_place ? 0 : kv_tokens, p.heads, d),
+      token_heads_layout("value", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(value), p.value, kv_tokens, p.heads, d),
+      token_heads_layout("query", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query), TokenHeads<const T>(p.query),
+                         q_in_place ? 0 : q_tokens, p.query_heads, d),
+      flat_layout("positions", p.positions, sizeof(Pos), rows),
+      flat_layout(f32 ? "cos_sin_cache_f32" : "cos_sin_cache",
+                  f32 ? static_cast<const void*>(p.cos_sin_cache_f32) : p.cos_sin_cache, f32 ? 4 : sizeof(T),
+                  rows > 0 ? p.max_position * rotary : 0),
+      flat_layout("slot_mapping", p.slot_mapping, sizeof(int64_t), kv_tokens),
+      flat_layout("query_norm_weight", p.query_norm_weight, sizeof(T), p.query_norm_weight ? d : 0),
+      flat_layout("key_norm_weight", p.key_norm_weight, sizeof(T), p.key_norm_weight ? d : 0),
+      flat_layout("key_scale", p.key_scale, 4, p.key_scale ? scales : 0),
+      flat_layout("value_scale", p.value_scale, 4, p.value_scale ? scales : 0)};
+  const std::array<Layout, 5> out{
+      q_in_place ? token_heads_layout("query", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query), p.query, q_tokens,
+                                      p.query_heads, d)
+                 : token_heads_layout("query_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out), p.query_out, q_tokens,
+                                      p.query_heads, d),
+      p.key_in_place
+          ? token_heads_layout("key", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key), p.key, kv_tokens, p.heads, d)
+          : token_heads_layout("key_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key_out), p.key_out,
+                               p.key_out.data ? kv_tokens : 0, p.heads, d),
+      paged_layout("key_cache", KVROPE_DETAIL_PAGE_STRIDES(key_cache), p.key_cache, cache_pages, p.page_size, p.heads, d),
+      paged_layout("value_cache", KVROPE_DETAIL_PAGE_STRIDES(value_cache), p.value_cache, cache_pages, p.page_size,
+                   p.heads, d),
+      // (the flag too: no output may overlap it)
+      flat_layout("error_flag", p.error_flag, 4, p.error_flag ? 1 : 0)};
+  return check_tensors(in, out);
+}
+
+}  // namespace kvrope::detail

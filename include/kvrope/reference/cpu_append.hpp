@@ -1,0 +1,566 @@
+// The float64 CPU reference of the append op (the serving forward, docs/spec.md §7: ragged tokens'
+// q and k optionally RMS-normed and rotated, RoPE(k) and v appended to paged caches in T or fp8), an
+// fp8 encoder written from the formats' definition, and the checker the tests use.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../append_params.cuh"
+#include "../core/dtype.cuh"
+#include "../core/rotary.cuh"
+#include "../error_flag.cuh"
+#include "cpu_forward.hpp"  // Angle
+#include "tolerance.hpp"
+
+namespace kvrope::reference {
+
+// ---------------------------------------------------------------------------------------------------
+// fp8 (OCP 8-bit floating point: E4M3 of "fn" flavour, E5M2), from the formats' definition.
+//   E4M3: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinity; S.1111.111 is NaN, so the
+//         largest finite value is S.1111.110 = 1.75 * 2^8 = 448. Subnormals m * 2^-9, m = 1..7.
+//   E5M2: 1 sign, 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like: exponent 31 is Inf / NaN,
+//         the largest finite value is 1.75 * 2^15 = 57344. Subnormals m * 2^-16, m = 1..3.
+// ---------------------------------------------------------------------------------------------------
+
+enum class Fp8Format { kE4M3, kE5M2 };
+
+//! The shape of an fp8 format.
+struct Fp8Spec {
+  int mantissa_bits;
+  int bias;
+  int max_exponent_field;  // of the largest finite value
+  int max_mantissa_field;  // of the largest finite value
+  double max_finite;
+};
+
+constexpr Fp8Spec fp8_spec(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? Fp8Spec{3, 7, 15, 6, 448.0} : Fp8Spec{2, 15, 30, 3, 57344.0};
+}
+
+template <typename C>
+constexpr Fp8Format fp8_format_of() {
+  static_assert(kIsFp8<C>, "C must be __nv_fp8_e4m3 or __nv_fp8_e5m2");
+  return std::is_same_v<C, __nv_fp8_e4m3> ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+}
+
+//! Encodes x in fp8 with round-to-nearest-even and saturation to the largest finite value (satfinite:
+//! values beyond it, infinities included, become +-max). NaN becomes 0x7F (the canonical NaN the
+//! hardware's cvt.rn.satfinite and CUDA's host conversion give). The sign of zero is kept.
+inline uint8_t fp8_encode(float x, Fp8Format f) {
+  if (std::isnan(x)) return 0x7F;
+  const Fp8Spec s = fp8_spec(f);
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const double a = std::fabs(static_cast<double>(x));  // exact
+  const int min_normal_exp = 1 - s.bias;
+  // The quantum (spacing of the format) at a: 2^(e - m) in a normal binade, 2^(1 - bias - m) below.
+  const int e = a >= std::ldexp(1.0, min_normal_exp) ? std::ilogb(a) : min_normal_exp;
+  const double quantum = std::ldexp(1.0, e - s.mantissa_bits);
+  double v = 0.0;
+  if (std::isinf(a)) {
+    v = s.max_finite;
+  } else {
+    const double m = a / quantum;  // exact: a power-of-two scaling of a value with 24 significant bits
+    double r = std::floor(m);
+    const double frac = m - r;
+    if (frac > 0.5 || (frac == 0.5 && std::fmod(r, 2.0) != 0.0)) r += 1.0;  // to nearest, ties to even
+    v = std::min(r * quantum, s.max_finite);                                 // satfinite
+  }
+  if (v == 0.0) return sign;
+  const int ve = std::max(std::ilogb(v), min_normal_exp);
+  const int exponent_field = v >= std::ldexp(1.0, min_normal_exp) ? ve + s.bias : 0;
+  // Normal: v = (1 + mantissa / 2^m) 2^ve; subnormal: v = mantissa 2^(1 - bias - m).
+  const double significand = std::ldexp(v, s.mantissa_bits - ve);
+  const int mantissa_field = static_cast<int>(significand) - (exponent_field ? (1 << s.mantissa_bits) : 0);
+  return static_cast<uint8_t>(sign | (exponent_field << s.mantissa_bits) | mantissa_field);
+}
+
+//! The value of an fp8 code (NaN for the NaN codes, +-Inf for E5M2's infinities).
+inline double fp8_decode(uint8_t bits, Fp8Format f) {
+  const Fp8Spec s = fp8_spec(f);
+  const int mantissa_field = bits & ((1 << s.mantissa_bits) - 1);
+  const int exponent_field = (bits & 0x7F) >> s.mantissa_bits;
+  const double sign = (bits & 0x80) ? -1.0 : 1.0;
+  const int all_ones = (1 << (7 - s.mantissa_bits)) - 1;
+  if (f == Fp8Format::kE4M3 && exponent_field == all_ones && mantissa_field == (1 << s.mantissa_bits) - 1)
+    return std::nan("");
+  if (f == Fp8Format::kE5M2 && exponent_field == all_ones)
+    return mantissa_field ? std::nan("") : sign * HUGE_VAL;
+  if (exponent_field == 0) return sign * std::ldexp(mantissa_field, 1 - s.bias - s.mantissa_bits);
+  return sign * std::ldexp((1 << s.mantissa_bits) + mantissa_field, exponent_field - s.bias - s.mantissa_bits);
+}
+
+//! The code of an fp8 element.
+template <typename C>
+uint8_t fp8_bits(const C& c) {
+  static_assert(sizeof(C) == 1, "an fp8 type");
+  uint8_t b;
+  std::memcpy(&b, &c, 1);
+  return b;
+}
+
+//! What a cache of fp8 type C stores for a value x in T (docs/spec.md §7): fp8_satfinite(x / scale),
+//! the quotient float(x) / scale taken in fp32 (IEEE division, one rounding), then encoded.
+template <typename C, typename T>
+uint8_t quantize(T x, float scale) {
+  const volatile float q = to_float(x) / scale;  // volatile: one fp32 rounding, whatever the host flags
+  return fp8_encode(q, fp8_format_of<C>());
+}
+
+//! The scale of head h: null means 1, else one float, or one a head with per_head.
+inline float scale_of(const float* scale, bool per_head, int64_t h) {
+  if (scale == nullptr) return 1.0f;
+  return per_head ? scale[h] : scale[0];
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The op.
+// ---------------------------------------------------------------------------------------------------
+
+//! The row of the table cache token t reads: its position, or -1 when the position is outside
+//! [0, max_position) (the token then writes nothing at all: no q, no k out, no cache row).
+template <typename T, typename C, typename Pos>
+int64_t append_table_row(const AppendParams<T, C, Pos>& p, int64_t t) {
+  const int64_t id = static_cast<int64_t>(p.positions[t]);
+  return (id >= 0 && id < p.max_position) ? id : -1;
+}
+
+template <typename T, typename C, typename Pos>
+bool append_token_valid(const AppendParams<T, C, Pos>& p, int64_t t) {
+  return append_table_row(p, t) >= 0;
+}
+
+//! The slots the caches have: num_pages * page_size.
+template <typename T, typename C, typename Pos>
+int64_t num_slots(const AppendParams<T, C, Pos>& p) {
+  return p.num_pages * p.page_size;
+}
+
+//! The error flag's bits a call may leave: `required` ones it must set, and no bit outside `allowed`.
+//! A token whose position is outside [0, max_position) must set kErrorPositionIdOutOfRange; a valid
+//! token whose slot is at or above num_pages * P must set kErrorSlotOutOfRange. An invalid token with
+//! such a slot may set kErrorSlotOutOfRange or not (the header leaves open whether its slot is read).
+struct AppendFlag {
+  int required = 0;
+  int allowed = 0;
+  bool accepts(int flag) const { return (flag & required) == required && (flag & ~allowed) == 0; }
+};
+
+template <typename T, typename C, typename Pos>
+AppendFlag expected_append_flag(const AppendParams<T, C, Pos>& p) {
+  AppendFlag f;
+  const int64_t slots = num_slots(p);
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const bool valid = append_token_valid(p, t);
+    const bool bad_slot = p.slot_mapping[t] >= slots;
+    if (!valid) f.required |= kErrorPositionIdOutOfRange;
+    if (bad_slot) {
+      f.allowed |= kErrorSlotOutOfRange;
+      if (valid && p.heads > 0) f.required |= kErrorSlotOutOfRange;
+    }
+  }
+  f.allowed |= f.required;
+  return f;
+}
+
+//! For each slot of [0, num_pages * P), the token whose k and v rows it holds after the call, or -1:
+//! the last token naming it whose position is valid (tokens apply in order; one writing nothing does
+//! not count). Negative and out-of-range slots name no slot.
+template <typename T, typename C, typename Pos>
+std::vector<int64_t> slot_writers(const AppendParams<T, C, Pos>& p) {
+  std::vector<int64_t> writer(static_cast<size_t>(std::max<int64_t>(num_slots(p), 0)), -1);
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const int64_t s = p.slot_mapping[t];
+    if (s >= 0 && s < num_slots(p) && append_token_valid(p, t)) writer[static_cast<size_t>(s)] = t;
+  }
+  return writer;
+}
+
+//! The cos and sin element e < R of a token at table row `row` is rotated with: the table cache's
+//! columns c and R/2 + c, c = rotary_pair_index(style, R, e).
+template <typename T, typename C, typename Pos>
+Angle append_angle(const AppendParams<T, C, Pos>& p, int64_t row, int64_t e) {
+  const int64_t R = rotary_dim_of(p);
+  const int64_t c = rotary_pair_index(p.style, R, e);
+  if (p.cos_sin_cache_f32) return {p.cos_sin_cache_f32[row * R + c], p.cos_sin_cache_f32[row * R + R / 2 + c]};
+  return {detail::at(p.cos_sin_cache + row * R, c), detail::at(p.cos_sin_cache + row * R, R / 2 + c)};
+}
+
+//! The factor by which the sum of |products| of a normed output is widened: 2 + D / 16. The kernel's
+//! norm scale rsqrt(mean(x^2) + eps) is computed in fp32 from a sum of D squares (non-negative: no
+//! cancellation, relative error at most (D - 1) u, u = 2^-24, in any order), halved by the square
+//! root, plus the mean, the eps, rsqrtf (<= 2 ulp), the products with x and w and the 1 + w: below
+//! (D / 2 + 8) u relative. That scale multiplies the whole output, so its error is bounded by that
+//! relative error times A, the rotation's sum of |products| of the normed values; the rotation itself
+//! adds about 3 u A. 2^-21 (2 + D / 16) A = (16 + D / 2) u A covers both with room.
+inline double norm_abs_sum_factor(int64_t head_dim) { return 2.0 + static_cast<double>(head_dim) / 16.0; }
+
+//! The whole rotated row of a head row x of a token at table row `row` (valid): optionally RMS-normed
+//! with `weight` over its D elements, then rotated; elements R..D-1 pass through (normed if asked).
+//! out[d].abs_sum is the sum of |products| of the rotation (docs/spec.md §1.7), widened by
+//! norm_abs_sum_factor when normed; 0 for a plain copy (a pass-through element without norm).
+template <typename T, typename C, typename Pos>
+void gold_row(const AppendParams<T, C, Pos>& p, const T* x, const T* weight, int64_t row, Gold* out) {
+  const int64_t D = p.head_dim, R = rotary_dim_of(p);
+  std::vector<double> y(static_cast<size_t>(D));
+  double widen = 0.0;  // 0: no norm
+  if (weight) {
+    double squares = 0.0;
+    for (int64_t d = 0; d < D; ++d) squares += detail::at(x, d) * detail::at(x, d);
+    const double r = 1.0 / std::sqrt(squares / static_cast<double>(D) + static_cast<double>(p.norm_eps));
+    const double offset = p.norm_weight_plus_one ? 1.0 : 0.0;
+    for (int64_t d = 0; d < D; ++d) y[d] = detail::at(x, d) * r * (detail::at(weight, d) + offset);
+    widen = norm_abs_sum_factor(D);
+  } else {
+    for (int64_t d = 0; d < D; ++d) y[d] = detail::at(x, d);
+  }
+  for (int64_t e = 0; e < D; ++e) {
+    if (e >= R) {
+      out[e] = {y[e], std::fabs(y[e]) * widen};
+      continue;
+    }
+    const Angle a = append_angle(p, row, e);
+    const double yc = y[e] * a.cos;
+    const double ys = y[rotary_partner(p.style, R, e)] * a.sin;
+    const double abs_sum = std::fabs(yc) + std::fabs(ys);
+    out[e] = {rotary_first(p.style, R, e) ? yc - ys : yc + ys, weight ? abs_sum * widen : abs_sum};
+  }
+}
+
+//! Dense float64 results of the reference, for small problems: each output as it must be after the call.
+//! Caches are in slot order [num_pages * P, H, D] (slot s = page * P + offset).
+struct AppendGold {
+  std::vector<Gold> query;      // [T, Hq, D]: query_out, or query in place (tokens writing nothing: as before)
+  std::vector<Gold> key;        // [T, H, D]: key_out, or key in place, or (neither) what the caches get
+  std::vector<Gold> key_cache;  // RoPE(norm(k)) of the slot's writer before quantization; unwritten rows:
+                                // their previous content (abs_sum 0; fp8 decoded)
+  std::vector<double> value_cache;            // v of the writer (as given), or the previous content
+  std::vector<uint8_t> key_fp8, value_fp8;    // fp8 caches: the codes each row holds (the key rounded to
+                                              // T nearest to gold, then quantized); empty otherwise
+  std::vector<int64_t> writer;                // slot_writers
+  AppendFlag error_flag;                      // expected_append_flag
+};
+
+namespace detail {
+// The rows q is rotated into, and what they held before the call: query_out, or query itself in place.
+template <typename T, typename C, typename Pos>
+TokenHeads<const T> query_target(const AppendParams<T, C, Pos>& p) {
+  return p.query_out.data ? TokenHeads<const T>(p.query_out) : TokenHeads<const T>(p.query);
+}
+// The rows the rotated k goes to besides the caches, as they were before the call: key_out, or key in
+// place, or null.
+template <typename T, typename C, typename Pos>
+TokenHeads<const T> key_target(const AppendParams<T, C, Pos>& p) {
+  if (p.key_out.data) return p.key_out;
+  if (p.key_in_place) return p.key;
+  return {};
+}
+template <typename C>
+double cache_value(const C& c) {
+  if constexpr (kIsFp8<C>)
+    return fp8_decode(fp8_bits(c), fp8_format_of<C>());
+  else
+    return to_float(c);
+}
+// A double rounded to T, to nearest (through fp32: exact for the small hand-made cases it serves).
+template <typename T>
+T round_to(double x) {
+  return from_float<T>(static_cast<float>(x));
+}
+}  // namespace detail
+
+//! Computes every output of the append in float64 from host copies of the inputs taken before the call:
+//! q, k, v, the table cache, positions, slots, weights and scales, and the previous contents of the
+//! caches, of query_out and of key_out (which tokens writing nothing leave as they were).
+template <typename T, typename C, typename Pos>
+AppendGold cpu_append(const AppendParams<T, C, Pos>& in) {
+  const int64_t N = in.tokens, H = in.heads, Hq = in.query_heads, D = in.head_dim, P = in.page_size;
+  const int64_t slots = num_slots(in);
+  AppendGold g;
+  g.query.resize(N * Hq * D);
+  g.key.resize(N * H * D);
+  g.key_cache.resize(slots * H * D);
+  g.value_cache.resize(slots * H * D);
+  g.writer = slot_writers(in);
+  g.error_flag = expected_append_flag(in);
+  const TokenHeads<const T> q_before = detail::query_target(in), k_before = detail::key_target(in);
+  for (int64_t t = 0; t < N; ++t) {
+    const int64_t row = append_table_row(in, t);
+    for (int64_t i = 0; i < Hq; ++i) {
+      Gold* out = &g.query[(t * Hq + i) * D];
+      if (row >= 0)
+        gold_row(in, in.query.row(t, i), in.query_norm_weight, row, out);
+      else
+        for (int64_t d = 0; d < D; ++d) out[d] = {detail::at(q_before.row(t, i), d), 0.0};
+    }
+    for (int64_t j = 0; j < H; ++j) {
+      Gold* out = &g.key[(t * H + j) * D];
+      if (row >= 0)
+        gold_row(in, in.key.row(t, j), in.key_norm_weight, row, out);
+      else
+        for (int64_t d = 0; d < D; ++d) out[d] = {detail::at((k_before.data ? k_before : in.key).row(t, j), d), 0.0};
+    }
+  }
+  if constexpr (kIsFp8<C>) {
+    g.key_fp8.resize(slots * H * D);
+    g.value_fp8.resize(slots * H * D);
+  }
+  for (int64_t s = 0; s < slots; ++s) {
+    const int64_t t = g.writer[s];
+    for (int64_t j = 0; j < H; ++j) {
+      const C* kc = in.key_cache.row(s / P, s % P, j);
+      const C* vc = in.value_cache.row(s / P, s % P, j);
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t o = (s * H + j) * D + d;
+        if (t < 0) {
+          g.key_cache[o] = {detail::cache_value(kc[d]), 0.0};
+          g.value_cache[o] = detail::cache_value(vc[d]);
+          if constexpr (kIsFp8<C>) g.key_fp8[o] = fp8_bits(kc[d]), g.value_fp8[o] = fp8_bits(vc[d]);
+          continue;
+        }
+        g.key_cache[o] = g.key[(t * H + j) * D + d];
+        const T v = in.value.row(t, j)[d];
+        g.value_cache[o] = to_float(v);
+        if constexpr (kIsFp8<C>) {
+          g.key_fp8[o] = quantize<C>(detail::round_to<T>(g.key_cache[o].value),
+                                     scale_of(in.key_scale, in.scale_per_head, j));
+          g.value_fp8[o] = quantize<C>(v, scale_of(in.value_scale, in.scale_per_head, j));
+        }
+      }
+    }
+  }
+  return g;
+}
+
+//! Host copies of what a call left, each checked when given (data non-null): q and k after the call
+//! (rotated where done in place, else unchanged), query_out, key_out, v (unchanged), and the caches.
+template <typename T, typename C>
+struct AppendOutputs {
+  TokenHeads<const T> query, query_out, key, key_out, value;
+  PagedCache<const C> key_cache, value_cache;
+};
+
+namespace detail {
+
+// The next value of T above (up) or below x, for finite x.
+template <typename T>
+T next_value(T x, bool up) {
+  if constexpr (std::is_same_v<T, float>) {
+    return std::nextafter(x, up ? HUGE_VALF : -HUGE_VALF);
+  } else {
+    uint16_t b;
+    std::memcpy(&b, &x, 2);
+    const bool negative = b & 0x8000;
+    if ((b & 0x7FFF) == 0)
+      b = up ? 0x0001 : 0x8001;
+    else
+      b = static_cast<uint16_t>(up != negative ? b + 1 : b - 1);
+    std::memcpy(&x, &b, 2);
+    return x;
+  }
+}
+
+// The smallest (or largest) value of T within [lo, hi] (assumed to hold one).
+template <typename T>
+T t_bound(double lo, double hi, bool lowest) {
+  T x = round_to<T>(lowest ? lo : hi);
+  if (lowest) {
+    while (to_float(x) < lo) x = next_value(x, true);
+    while (to_float(next_value(x, false)) >= lo) x = next_value(x, false);
+  } else {
+    while (to_float(x) > hi) x = next_value(x, false);
+    while (to_float(next_value(x, true)) <= hi) x = next_value(x, true);
+  }
+  return x;
+}
+
+// Whether an fp8 code is what quantize(x, scale) gives for some x in T within the tolerance of `gold`
+// (when the rotated key the kernel quantized is not visible): quantize is monotone, so the codes of
+// the lowest and highest such x bound the accepted ones.
+template <typename C, typename T>
+bool fp8_within_tolerance(uint8_t got, const Gold& gold, float scale) {
+  const double tol = ulp<T>(gold.value) + std::ldexp(gold.abs_sum, -21);
+  const T lo = t_bound<T>(gold.value - tol, gold.value + tol, true);
+  const T hi = t_bound<T>(gold.value - tol, gold.value + tol, false);
+  const uint8_t qlo = quantize<C>(lo, scale), qhi = quantize<C>(hi, scale);
+  if (got == qlo || got == qhi) return true;
+  const Fp8Format f = fp8_format_of<C>();
+  const double v = fp8_decode(got, f);
+  return v > fp8_decode(qlo, f) && v < fp8_decode(qhi, f);
+}
+
+// Collects one check unit's comparisons and its first failure.
+struct UnitTally {
+  int64_t checked = 0, bad = 0;
+  std::string first;
+  template <typename Where>
+  void expect(bool ok, const char* name, Where&& where, double got, double want) {
+    ++checked;
+    if (ok || bad++ != 0) return;
+    std::ostringstream os;
+    os.precision(9);
+    os << name << where() << " = " << got << ", expected " << want;
+    first = os.str();
+  }
+};
+
+}  // namespace detail
+
+//! Compares a call's outputs (host copies) with the float64 reference computed from host copies of its
+//! inputs taken before the call (as cpu_append takes them):
+//! - rotated elements of q (query_out, or query in place) and of k (key_out and/or key in place) within
+//!   the tolerance of docs/spec.md §1.7, its sum of |products| widened for normed rows
+//!   (norm_abs_sum_factor); pass-through elements without norm bit-exact copies;
+//! - tokens with an invalid position: every row as it was; q left as it was when query_out is given, k
+//!   unless key_in_place, v always;
+//! - each cache row a token writes: for C = T, the key within tolerance and bit-equal to the rotated key
+//!   the call wrote to key_out (or key in place), v bit-exact; for fp8, the code quantize() gives for the
+//!   call's own rotated key (or, when neither key_out nor key in place shows it, for some key in T
+//!   within tolerance) and for v as given;
+//! - every other cache row unchanged, bit for bit.
+//! The error flag is checked apart (expected_append_flag).
+template <typename T, typename C, typename Pos>
+CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<T, C>& out) {
+  const int64_t N = in.tokens, H = in.heads, Hq = in.query_heads, D = in.head_dim, P = in.page_size;
+  const int64_t R = rotary_dim_of(in);
+  const int64_t slots = num_slots(in);
+  const int64_t pages = slots > 0 ? in.num_pages : 0;
+  const std::vector<int64_t> writer = slot_writers(in);
+  const bool q_in_place = in.query_out.data == nullptr;
+  const TokenHeads<const T> k_target = detail::key_target(in);
+  // The rotated key as the call wrote it, when some output shows it.
+  const TokenHeads<const T> k_written = in.key_out.data && out.key_out.data ? out.key_out
+                                        : in.key_in_place && out.key.data   ? out.key
+                                                                            : TokenHeads<const T>{};
+  detail::Tally tally;
+  // Units [0, N): the tokens' q, k and v rows; [N, N + pages): the caches' pages.
+  detail::parallel_for(N + pages, [&](int64_t unit) {
+    detail::UnitTally u;
+    std::vector<Gold> gold(static_cast<size_t>(D));
+    auto token_at = [](int64_t t, int64_t h, int64_t d) {
+      return [=] { return "[t=" + std::to_string(t) + ", h=" + std::to_string(h) + ", d=" + std::to_string(d) + "]"; };
+    };
+    // One rotated row: gold where the token is valid, else `before` unchanged.
+    auto expect_rotated = [&](const char* name, const T* got, const T* before, bool valid, bool normed, int64_t t,
+                              int64_t h) {
+      for (int64_t d = 0; d < D; ++d) {
+        const double g = to_float(got[d]);
+        if (!valid)
+          u.expect(detail::same_bits(got[d], before[d]), name, token_at(t, h, d), g, to_float(before[d]));
+        else if (d >= R && !normed)
+          u.expect(gold[d].value == g && std::isfinite(g), name, token_at(t, h, d), g, gold[d].value);
+        else
+          u.expect(within_tolerance(got[d], gold[d].value, gold[d].abs_sum), name, token_at(t, h, d), g,
+                   gold[d].value);
+      }
+    };
+    auto expect_unchanged = [&](const char* name, const T* got, const T* before, int64_t t, int64_t h) {
+      for (int64_t d = 0; d < D; ++d)
+        u.expect(detail::same_bits(got[d], before[d]), name, token_at(t, h, d), to_float(got[d]), to_float(before[d]));
+    };
+    if (unit < N) {
+      const int64_t t = unit;
+      const int64_t row = append_table_row(in, t);
+      const bool valid = row >= 0;
+      for (int64_t i = 0; i < Hq; ++i) {
+        if (valid) gold_row(in, in.query.row(t, i), in.query_norm_weight, row, gold.data());
+        const bool normed = in.query_norm_weight != nullptr;
+        if (out.query.data) {
+          if (q_in_place)
+            expect_rotated("query", out.query.row(t, i), in.query.row(t, i), valid, normed, t, i);
+          else
+            expect_unchanged("query", out.query.row(t, i), in.query.row(t, i), t, i);
+        }
+        if (!q_in_place && out.query_out.data)
+          expect_rotated("query_out", out.query_out.row(t, i), in.query_out.row(t, i), valid, normed, t, i);
+      }
+      for (int64_t j = 0; j < H; ++j) {
+        if (valid) gold_row(in, in.key.row(t, j), in.key_norm_weight, row, gold.data());
+        const bool normed = in.key_norm_weight != nullptr;
+        if (out.key.data) {
+          if (in.key_in_place)
+            expect_rotated("key", out.key.row(t, j), in.key.row(t, j), valid, normed, t, j);
+          else
+            expect_unchanged("key", out.key.row(t, j), in.key.row(t, j), t, j);
+        }
+        if (in.key_out.data && out.key_out.data)
+          expect_rotated("key_out", out.key_out.row(t, j), in.key_out.row(t, j), valid, normed, t, j);
+        if (out.value.data) expect_unchanged("value", out.value.row(t, j), in.value.row(t, j), t, j);
+      }
+    } else {
+      const int64_t page = unit - N;
+      for (int64_t off = 0; off < P; ++off) {
+        const int64_t s = page * P + off;
+        const int64_t t = writer[static_cast<size_t>(s)];
+        for (int64_t j = 0; j < H; ++j) {
+          auto slot_at = [&](int64_t d) {
+            return [=] {
+              return "[page=" + std::to_string(page) + ", offset=" + std::to_string(off) + ", h=" + std::to_string(j) +
+                     ", d=" + std::to_string(d) + "]";
+            };
+          };
+          const C* kb = in.key_cache.row(page, off, j);
+          const C* vb = in.value_cache.row(page, off, j);
+          const C* kg = out.key_cache.data ? out.key_cache.row(page, off, j) : nullptr;
+          const C* vg = out.value_cache.data ? out.value_cache.row(page, off, j) : nullptr;
+          if (t < 0) {  // no token writes the slot: both rows as they were
+            for (int64_t d = 0; d < D; ++d) {
+              if (kg)
+                u.expect(detail::same_bits(kg[d], kb[d]), "key_cache", slot_at(d), detail::cache_value(kg[d]),
+                         detail::cache_value(kb[d]));
+              if (vg)
+                u.expect(detail::same_bits(vg[d], vb[d]), "value_cache", slot_at(d), detail::cache_value(vg[d]),
+                         detail::cache_value(vb[d]));
+            }
+            continue;
+          }
+          const T* v = in.value.row(t, j);
+          const T* kw = k_written.data ? k_written.row(t, j) : nullptr;
+          const float ks = scale_of(in.key_scale, in.scale_per_head, j);
+          const float vs = scale_of(in.value_scale, in.scale_per_head, j);
+          const bool normed = in.key_norm_weight != nullptr;
+          if (kg) gold_row(in, in.key.row(t, j), in.key_norm_weight, append_table_row(in, t), gold.data());
+          for (int64_t d = 0; d < D && kg; ++d) {
+            const double got = detail::cache_value(kg[d]);
+            const bool copy = d >= R && !normed;  // k's own element, exact in T
+            if constexpr (kIsFp8<C>) {
+              const uint8_t bits = fp8_bits(kg[d]);
+              const T* src = copy ? in.key.row(t, j) : kw;
+              if (src) {
+                const uint8_t want = quantize<C>(src[d], ks);
+                u.expect(bits == want, "key_cache", slot_at(d), got, fp8_decode(want, fp8_format_of<C>()));
+              } else {
+                u.expect(detail::fp8_within_tolerance<C, T>(bits, gold[d], ks), "key_cache", slot_at(d), got,
+                         gold[d].value / ks);
+              }
+            } else {
+              bool ok = copy ? detail::same_bits(kg[d], in.key.row(t, j)[d])
+                             : within_tolerance(kg[d], gold[d].value, gold[d].abs_sum);
+              if (kw) ok = ok && detail::same_bits(kg[d], kw[d]);  // the key exactly as written to key_out
+              u.expect(ok, "key_cache", slot_at(d), got, kw ? to_float(kw[d]) : gold[d].value);
+            }
+          }
+          for (int64_t d = 0; d < D && vg; ++d) {
+            const double got = detail::cache_value(vg[d]);
+            if constexpr (kIsFp8<C>) {
+              const uint8_t want = quantize<C>(v[d], vs);
+              u.expect(fp8_bits(vg[d]) == want, "value_cache", slot_at(d), got, fp8_decode(want, fp8_format_of<C>()));
+            } else {
+              u.expect(detail::same_bits(vg[d], v[d]), "value_cache", slot_at(d), got, to_float(v[d]));
+            }
+          }
+        }
+      }
+    }
+    tally.add(u.checked, u.bad, u.first);
+  });
+  (void)k_target;
+  return tally.result();
+}
+
+}  // namespace kvrope::reference
