@@ -1,5 +1,5 @@
 // The serving forward: ragged tokens' q and k (optionally RMS-normed) rotated, and RoPE(k) and v
-// appended to a paged, flat or contiguous KV cache in T or fp8 (docs/spec.md §7): the entry points.
+// appended to a paged, flat or contiguous KV cache in T or fp8 (docs/spec.md §6): the entry points.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,4 +1,4 @@
-// Parameters of the serving forward (docs/spec.md §7): ragged tokens rotated and appended to a paged
+// Parameters of the serving forward (docs/spec.md §6): ragged tokens rotated and appended to a paged
 // (or flat, or contiguous) KV cache in T or fp8. Plain structs of pointers and int64 strides, and the
 // plan a call launches.
 #pragma once

@@ -268,47 +268,61 @@ __device__ __forceinline__ float row_inv_rms(const AppendArgs<T, C>& a, float sq
 }
 
 //! The append. N: elements a chunk (16 bytes, or 1 when a row or stride is not aligned). kSingle: a
-//! lane holds one unit of its row (units <= lanes), loaded before the block checks the slots for
-//! repeats, so that one round trip covers both; else each lane loops over the units of its row (the
-//! norm then reads the row twice).
+//! lane holds one unit of its row (units <= lanes), and a group kAppendRowsInFlight rows at once,
+//! all loaded before any is finished (the first ones before the block checks the slots for repeats,
+//! so that one round trip covers both); else each lane loops over the units of its row (the norm
+//! then reads the row twice).
 template <typename T, typename C, int N, bool kSingle>
 __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) append_kernel(const AppendArgs<T, C> a) {
   extern __shared__ uint32_t masks[];
   const uint32_t* dup = masks + a.mask_words;
   const int lanes = a.lanes;
   const int lane = static_cast<int>(threadIdx.x) & (lanes - 1);
-  const int64_t stride = (int64_t{gridDim.x} * blockDim.x) / lanes;
+  const int64_t stride = (int64_t{gridDim.x} * blockDim.x) / lanes;  // rows a grid holds at once
   int64_t row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / lanes;
-  AppendRowContext<T, C> ctx;
-  RawIndex position;
-  int64_t slot = -1;
-  AppendUnit<T, N> x;
-  const bool active = kSingle && lane < a.units;
-  auto load_row = [&]() {
-    ctx.r = append_row(a, static_cast<uint32_t>(row));
-    position = load_raw_index(a.positions, a.positions_are_int64, ctx.r.token);
-    slot = ctx.r.kind != RowKind::kQuery ? a.slots[ctx.r.token] : -1;
-    if (active) x = load_unit<T, C, N>(a, row_source(a, ctx.r), lane);
-  };
-  if (kSingle && row < a.rows) load_row();
-  const bool may_repeat = a.mask_words > 0 && block_slots_may_repeat(a, masks);  // (every thread: barriers)
   if constexpr (kSingle) {
+    constexpr int kRows = kAppendRowsInFlight;
+    AppendRowContext<T, C> ctx[kRows];
+    RawIndex position[kRows];
+    int64_t slot[kRows];
+    AppendUnit<T, N> x[kRows];
+    const bool active = lane < a.units;
+    // Row k of a step is row + k stride: the grid's groups cover consecutive rows at each k.
+    auto load_rows = [&]() {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        const int64_t r = row + k * stride;
+        if (r >= a.rows) break;
+        ctx[k].r = append_row(a, static_cast<uint32_t>(r));
+        position[k] = load_raw_index(a.positions, a.positions_are_int64, ctx[k].r.token);
+        slot[k] = ctx[k].r.kind != RowKind::kQuery ? a.slots[ctx[k].r.token] : -1;
+        if (active) x[k] = load_unit<T, C, N>(a, row_source(a, ctx[k].r), lane);
+      }
+    };
+    if (row < a.rows) load_rows();
+    const bool may_repeat = a.mask_words > 0 && block_slots_may_repeat(a, masks);  // (every thread: barriers)
     while (row < a.rows) {
-      if (row_context(a, dup, may_repeat, position, slot, lane, ctx)) {
-        if (ctx.norm != nullptr) ctx.inv_rms = row_inv_rms(a, group_sum(active ? unit_square_sum(x) : 0.0f, lanes));
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        if (row + k * stride >= a.rows) break;
+        if (!row_context(a, dup, may_repeat, position[k], slot[k], lane, ctx[k])) continue;
+        if (ctx[k].norm != nullptr)
+          ctx[k].inv_rms = row_inv_rms(a, group_sum(active ? unit_square_sum(x[k]) : 0.0f, lanes));
         if (active) {
-          finish_unit<T, C, N>(a, ctx, x);
-          store_unit<T, C, N>(a, ctx, x);
+          finish_unit<T, C, N>(a, ctx[k], x[k]);
+          store_unit<T, C, N>(a, ctx[k], x[k]);
         }
       }
-      row += stride;
-      if (row < a.rows) load_row();
+      row += kRows * stride;
+      if (row < a.rows) load_rows();
     }
   } else {
+    const bool may_repeat = a.mask_words > 0 && block_slots_may_repeat(a, masks);  // (every thread: barriers)
+    AppendRowContext<T, C> ctx;
     for (; row < a.rows; row += stride) {
       ctx.r = append_row(a, static_cast<uint32_t>(row));
-      position = load_raw_index(a.positions, a.positions_are_int64, ctx.r.token);
-      slot = ctx.r.kind != RowKind::kQuery ? a.slots[ctx.r.token] : -1;
+      const RawIndex position = load_raw_index(a.positions, a.positions_are_int64, ctx.r.token);
+      const int64_t slot = ctx.r.kind != RowKind::kQuery ? a.slots[ctx.r.token] : -1;
       if (!row_context(a, dup, may_repeat, position, slot, lane, ctx)) continue;
       const T* src = row_source(a, ctx.r);
       if (ctx.norm != nullptr) {

@@ -93,7 +93,8 @@ void plan_append_launch(AppendArgs<T, C>& a, int n, int sms, int resident, Appen
   int64_t words = 32;
   while (words * 32 < a.tokens * kAppendMaskBitsPerToken && words < kAppendMaskMaxWords) words *= 2;
   a.mask_words = a.tokens > 1 && a.heads > 0 ? words : 0;
-  const int64_t rows_per_block = kAppendBlockThreads / a.lanes;
+  const bool single = a.units <= 32;
+  const int64_t rows_per_block = kAppendBlockThreads / a.lanes * (single ? kAppendRowsInFlight : 1);
   const int64_t grid_max = int64_t{sms} * std::max(resident, 1);
   plan.launched = true;
   plan.vec_width = n;

@@ -1,4 +1,4 @@
-// Host-side checks behind kvrope::validate for the append (docs/spec.md §7).
+// Host-side checks behind kvrope::validate for the append (docs/spec.md §6).
 #pragma once
 
 #include <array>
