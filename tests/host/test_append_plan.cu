@@ -1,0 +1,115 @@
+// Host tests of the append's planner (detail/append/plan.cuh): the launch it sizes on a made-up H200
+// (132 SMs), with no GPU.
+#include <kvrope/kvrope.cuh>
+
+#include <cstdint>
+
+#include "support/catch.hpp"
+
+using namespace kvrope;
+using namespace kvrope::detail;
+
+namespace {
+
+using T = __nv_bfloat16;
+
+// q, k, v as views of one fused projection, NHD pages of 16, at 16-byte aligned (fake) addresses.
+template <typename C = T>
+AppendParams<T, C> shape(int64_t tokens, int64_t heads, int64_t query_heads, int64_t head_dim) {
+  AppendParams<T, C> p{};
+  p.tokens = tokens;
+  p.heads = heads;
+  p.query_heads = query_heads;
+  p.head_dim = head_dim;
+  T* qkv = reinterpret_cast<T*>(0x10000000);
+  const int64_t token_stride = (query_heads + 2 * heads) * head_dim;
+  p.query = TokenHeads<T>{qkv, token_stride, head_dim};
+  p.key = TokenHeads<T>{qkv + query_heads * head_dim, token_stride, head_dim};
+  p.value = TokenHeads<const T>{qkv + (query_heads + heads) * head_dim, token_stride, head_dim};
+  p.positions = reinterpret_cast<const int64_t*>(0x20000000);
+  p.cos_sin_cache_f32 = reinterpret_cast<const float*>(0x30000000);
+  p.max_position = 4096;
+  p.key_cache = nhd_pages(reinterpret_cast<C*>(0x40000000), 16, heads, head_dim);
+  p.value_cache = nhd_pages(reinterpret_cast<C*>(0x50000000), 16, heads, head_dim);
+  p.page_size = 16;
+  p.num_pages = 1024;
+  p.slot_mapping = reinterpret_cast<const int64_t*>(0x60000000);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("append plan: lanes a row are the power of two that holds its units", "[host][plan]") {
+  CHECK(append_lanes(1) == 1);
+  CHECK(append_lanes(5) == 8);  // D = 80 in bf16: 5 units, 3 lanes idle
+  CHECK(append_lanes(8) == 8);
+  CHECK(append_lanes(16) == 16);
+  CHECK(append_lanes(32) == 32);
+  CHECK(append_lanes(64) == 32);  // more units than a warp: each lane loops
+}
+
+TEST_CASE("append plan: rows, lanes, the repeat bitmask and the grid of a prefill", "[host][plan]") {
+  AppendArgs<T, T> a = append_args(shape(4096, 8, 32, 128));
+  REQUIRE(validate(shape(4096, 8, 32, 128)).ok());  // the fused views do not overlap
+  REQUIRE(append_vectorizable(a));
+  CHECK(a.q_out.data == a.q.data);  // no query_out: q rotated in place
+  CHECK(a.k_out.data == nullptr);
+  CHECK(a.k_back.data == nullptr);
+  CHECK(a.num_slots == 16 * 1024);
+  AppendPlan plan{};
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(plan.launched);
+  CHECK(plan.vec_width == 8);
+  CHECK(a.units == 8);  // D / (2 x 8)
+  CHECK(a.rotary_units == 8);
+  CHECK(plan.lanes == 8);
+  CHECK(a.rows == 4096 * (32 + 2 * 8));
+  CHECK(a.mask_words == 4096 * kAppendMaskBitsPerToken / 32);
+  CHECK(append_shared_bytes(a) == 2 * 4096 * kAppendMaskBitsPerToken / 8);
+  CHECK(plan.block == kAppendBlockThreads);
+  CHECK(plan.grid == 132 * 2);  // one wave at most
+}
+
+TEST_CASE("append plan: one token has no bitmask; a small call a small grid", "[host][plan]") {
+  AppendArgs<T, T> a = append_args(shape(1, 8, 32, 128));
+  AppendPlan plan{};
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.mask_words == 0);
+  CHECK(append_shared_bytes(a) == 0);
+  const int64_t rows_a_block = kAppendBlockThreads / 8 * kAppendRowsInFlight;
+  CHECK(plan.grid == (48 + rows_a_block - 1) / rows_a_block);
+}
+
+TEST_CASE("append plan: the bitmask grows with the tokens up to its cap", "[host][plan]") {
+  AppendArgs<T, T> a = append_args(shape(2, 8, 0, 128));
+  AppendPlan plan{};
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.mask_words == 32);  // the smallest: 1,024 bits
+  a = append_args(shape(1 << 20, 1, 0, 128));
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.mask_words == kAppendMaskMaxWords);
+}
+
+TEST_CASE("append plan: the scalar path for misaligned rows, D and R", "[host][plan]") {
+  AppendParams<T, T> p = shape(8, 8, 32, 128);
+  CHECK(append_vectorizable(append_args(p)));
+  p.head_dim = 120;  // 120 / 2 is not a whole number of 8-element chunks
+  CHECK_FALSE(append_vectorizable(append_args(p)));
+  p = shape(8, 8, 32, 128);
+  p.rotary_dim = 64 + 8;  // (R / 2 = 36)
+  CHECK_FALSE(append_vectorizable(append_args(p)));
+  p = shape(8, 8, 32, 128);
+  p.query.data += 1;  // one element off
+  CHECK_FALSE(append_vectorizable(append_args(p)));
+  AppendParams<T, __nv_fp8_e4m3> f = shape<__nv_fp8_e4m3>(8, 8, 32, 128);
+  CHECK(append_vectorizable(append_args(f)));  // fp8 rows need 8-byte chunks only
+  f.key_cache.head_stride = 128 + 4;           // 4 bytes off
+  CHECK_FALSE(append_vectorizable(append_args(f)));
+}
+
+TEST_CASE("append plan: an empty call launches nothing and asks the device nothing", "[host][plan]") {
+  AppendPlan plan{};
+  plan.launched = true;
+  REQUIRE(plan_append(shape(0, 8, 32, 128), &plan).ok());  // (no GPU here: a device query would fail)
+  CHECK_FALSE(plan.launched);
+}
