@@ -3,7 +3,8 @@
 // L2 flushed and the device synchronized before each call, GPU span of the call from CUPTI
 // activity records, median over the calls; plus the CUDA-event time, the floor and a summary.
 // --suite=forward|decode|styles runs the forward op (docs/spec.md §2) under the same protocol instead
-// (support/forward_bench.cuh, support/forward_report.cuh).
+// (support/forward_bench.cuh, support/forward_report.cuh); --suite=serve-decode|serve-prefill the serving
+// forward, kv_cache_rope_append (docs/spec.md §6; support/serve_bench.cuh, support/serve_report.cuh).
 // docs/benchmarks.md describes the protocol, the flags and the output; the harness is in support/.
 #include <algorithm>
 #include <cstdint>
@@ -35,6 +36,8 @@
 #include "support/json.cuh"
 #include "support/options.cuh"
 #include "support/results.cuh"
+#include "support/serve_bench.cuh"
+#include "support/serve_report.cuh"
 #include "support/stats.hpp"
 #include "support/summary.cuh"
 #include "support/timed_calls.cuh"
@@ -194,6 +197,21 @@ void print_header(const Run& run) {
               c.bandwidth_bytes_per_us * 1e-6, c.copy_calls, c.copy_median_us);
   std::printf("empty kernel: %.3f us (CUPTI median of %d); its CUDA-event time (tracing off): %.2f us\n",
               c.empty_kernel_us, c.empty_calls, c.empty_kernel_event_us);
+  if (serve_suite(o.suite)) {
+    const ServeCase& c = run.serve_cases.front();
+    std::printf(
+        "config: suite %s (the serving forward), bf16 q, k, v as views of one qkv [T, (Hq + 2 H) D], H %lld, D %lld, "
+        "pages of %lld (NHD and HND, page ids shuffled), positions and slots int64, table cache fp32 [max_position, "
+        "D], fp8 e4m3 caches with per-tensor scales k %g, v %g; q rotated in place; %lld timed calls + %lld warm-up "
+        "per case, check %s, L2 flush %.1f MiB %s\n\n",
+        suite_name(o.suite), static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
+        static_cast<long long>(c.page_size), static_cast<double>(kServeKeyScale), static_cast<double>(kServeValueScale),
+        static_cast<long long>(o.iters), static_cast<long long>(o.warmup), o.check ? "on" : "off",
+        static_cast<double>(run.flush_bytes) / (1 << 20),
+        o.flush_reads ? "read (--flush=read: a diagnostic, not the protocol)" : "written");
+    std::fflush(stdout);
+    return;
+  }
   if (forward_suite(o.suite)) {
     std::printf(
         "config: suite %s (the forward op), dtype %s, %s, positions %s (int64), in place into the caches, k_out on, no "
@@ -226,8 +244,13 @@ int main(int argc, char** argv) {
   run.options = parse_options(&argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  run.table = read_cases(run.options.cases_csv);
-  run.cases = select_cases(run.table, run.options);
+  const bool serve = serve_suite(run.options.suite);
+  if (serve) {  // generated cases, no table
+    run.serve_cases = select_serve_cases(run.options);
+  } else {
+    run.table = read_cases(run.options.cases_csv);
+    run.cases = select_cases(run.table, run.options);
+  }
 
   int devices = 0;
   const cudaError_t err = cudaGetDeviceCount(&devices);
@@ -254,15 +277,21 @@ int main(int argc, char** argv) {
 
   benchmark::AddCustomContext("kvrope_device", run.device.name);
   benchmark::AddCustomContext("kvrope_dtype", dtype_text(run));
-  benchmark::AddCustomContext("kvrope_heads", std::to_string(common_value(run.cases, &LeaderboardCase::heads)));
-  benchmark::AddCustomContext("kvrope_head_dim", std::to_string(common_value(run.cases, &LeaderboardCase::head_dim)));
-  benchmark::AddCustomContext("kvrope_positions", positions_text(run));
+  benchmark::AddCustomContext("kvrope_heads", std::to_string(serve ? run.serve_cases.front().heads
+                                                                   : common_value(run.cases, &LeaderboardCase::heads)));
+  benchmark::AddCustomContext(
+      "kvrope_head_dim",
+      std::to_string(serve ? run.serve_cases.front().head_dim : common_value(run.cases, &LeaderboardCase::head_dim)));
+  benchmark::AddCustomContext("kvrope_positions",
+                              serve ? std::string("position in the sequence") : positions_text(run));
   benchmark::AddCustomContext("kvrope_copy_bandwidth_TBps", fmt("%.4f", run.calibration.bandwidth_bytes_per_us * 1e-6));
   benchmark::AddCustomContext("kvrope_empty_kernel_us", fmt("%.4f", run.calibration.empty_kernel_us));
 
   const bool forward = forward_suite(run.options.suite);
   benchmark::AddCustomContext("kvrope_suite", suite_name(run.options.suite));
-  if (forward) {  // one dtype a forward suite
+  if (serve) {  // bf16 q, k, v; bf16 and fp8 caches
+    register_serve_benchmarks<__nv_bfloat16>(run, *g_clock, g_case);
+  } else if (forward) {  // one dtype a forward suite
     if (run.options.dtype == "bf16") register_forward_benchmarks<__nv_bfloat16>(run, *g_clock, g_case);
     if (run.options.dtype == "fp16") register_forward_benchmarks<__half>(run, *g_clock, g_case);
     if (run.options.dtype == "fp32") register_forward_benchmarks<float>(run, *g_clock, g_case);
@@ -277,7 +306,11 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   g_case.reset();
 
-  if (forward) {
+  if (serve) {
+    const ServeSummary summary = summarize_serve(run);
+    print_serve_summary(run, summary);
+    write_serve_json(run, summary, run.options.json_path);
+  } else if (forward) {
     const ForwardSummary summary = summarize_forward(run);
     print_forward_summary(run, summary);
     write_forward_json(run, summary, run.options.json_path);

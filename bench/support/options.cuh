@@ -41,10 +41,22 @@ inline const char* variant_name(Variant v) {
 }
 
 // --suite: the backward on the leaderboard's cases (the default) or on another table of cases
-// (positions, heads, head-dims, dtypes), or a forward suite.
-enum class Suite { kLeaderboard, kPositions, kHeads, kHeadDims, kDtypes, kForward, kDecode, kStyles };
-constexpr Suite kAllSuites[] = {Suite::kLeaderboard, Suite::kPositions, Suite::kHeads,  Suite::kHeadDims,
-                                Suite::kDtypes,      Suite::kForward,   Suite::kDecode, Suite::kStyles};
+// (positions, heads, head-dims, dtypes), a forward suite, or a serve suite (the serving forward).
+enum class Suite {
+  kLeaderboard,
+  kPositions,
+  kHeads,
+  kHeadDims,
+  kDtypes,
+  kForward,
+  kDecode,
+  kStyles,
+  kServeDecode,
+  kServePrefill
+};
+constexpr Suite kAllSuites[] = {Suite::kLeaderboard, Suite::kPositions,   Suite::kHeads,  Suite::kHeadDims,
+                                Suite::kDtypes,      Suite::kForward,     Suite::kDecode, Suite::kStyles,
+                                Suite::kServeDecode, Suite::kServePrefill};
 
 inline const char* suite_name(Suite s) {
   switch (s) {
@@ -56,12 +68,18 @@ inline const char* suite_name(Suite s) {
     case Suite::kForward: return "forward";
     case Suite::kDecode: return "decode";
     case Suite::kStyles: return "styles";
+    case Suite::kServeDecode: return "serve-decode";
+    case Suite::kServePrefill: return "serve-prefill";
   }
   return "?";
 }
 
 // Whether a suite times the forward op (else the backward's variants: fused, inplace, naive).
 inline bool forward_suite(Suite s) { return s == Suite::kForward || s == Suite::kDecode || s == Suite::kStyles; }
+
+// Whether a suite times the serving forward, kv_cache_rope_append (docs/spec.md §6), on the cases of
+// support/serve_cases.hpp (generated, no table).
+inline bool serve_suite(Suite s) { return s == Suite::kServeDecode || s == Suite::kServePrefill; }
 
 // The case table a suite reads unless --cases_csv names another (bench/suite_*.csv: per-case H, D, and
 // the optional columns dtype and positions).
@@ -87,6 +105,19 @@ inline const char* fwd_variant_name(FwdVariant v) {
     case FwdVariant::kHalf: return "half";
     case FwdVariant::kInterleaved: return "interleaved";
     case FwdVariant::kHalfR64: return "half_r64";
+  }
+  return "?";
+}
+
+// The variants of the serve suites: kv_cache_rope_append with k read only (FlashInfer's fused kernels'
+// work) and with k rotated in place (vLLM's), and the naive two launches (which rotate k in place).
+enum class ServeVariant { kKvrope, kKvropeKeyInPlace, kNaive };
+
+inline const char* serve_variant_name(ServeVariant v) {
+  switch (v) {
+    case ServeVariant::kKvrope: return "kvrope";
+    case ServeVariant::kKvropeKeyInPlace: return "kvrope_kip";
+    case ServeVariant::kNaive: return "naive";
   }
   return "?";
 }
@@ -143,7 +174,8 @@ struct Options {
   bool workspace = true;     // the fused variant gets a workspace (BackwardParams::workspace)
   std::vector<Variant> variants{kAllVariants, kAllVariants + 3};
   Suite suite = Suite::kLeaderboard;
-  std::vector<FwdVariant> fwd_variants;  // --variants of a forward suite (after parsing: the suite's, selected)
+  std::vector<FwdVariant> fwd_variants;      // --variants of a forward suite (after parsing: the suite's, selected)
+  std::vector<ServeVariant> serve_variants;  // --variants of a serve suite (after parsing: selected)
   std::string json_path = "kvrope_bench_results.json";
   uint64_t seed = 20261129;
   // The tuning flags given, in order. None: the plain launcher (the device's own policy).
@@ -183,6 +215,17 @@ inline bool fwd_selected(const Options& opt, FwdVariant v) {
   return std::find(opt.fwd_variants.begin(), opt.fwd_variants.end(), v) != opt.fwd_variants.end();
 }
 
+// The variants of a serve suite in the order they run within a case: naive last (first with --naive_first).
+inline std::vector<ServeVariant> serve_variant_order(const Options& opt) {
+  using V = ServeVariant;
+  return opt.naive_first ? std::vector<V>{V::kNaive, V::kKvrope, V::kKvropeKeyInPlace}
+                         : std::vector<V>{V::kKvrope, V::kKvropeKeyInPlace, V::kNaive};
+}
+
+inline bool serve_selected(const Options& opt, ServeVariant v) {
+  return std::find(opt.serve_variants.begin(), opt.serve_variants.end(), v) != opt.serve_variants.end();
+}
+
 // The policy of the tuned calls: the device's default with the flags' fields changed.
 inline Policy tuned_policy(const Options& opt, int cc_major) {
   Policy p = kvrope::experimental::default_policy(cc_major);
@@ -204,13 +247,16 @@ inline void print_usage() {
       "                              forward: the forward on the case table, fwd and fwd_naive; decode: the\n"
       "                              forward on " KVROPE_BENCH_DECODE_CASES_CSV
       ";\n"
-      "                              styles: the forward on the case table, half, interleaved, half_r64)\n"
-      "  --cases=1,4,8               subset of the case table (default: all)\n"
+      "                              styles: the forward on the case table, half, interleaved, half_r64;\n"
+      "                              serve-decode, serve-prefill: the serving forward (kv_cache_rope_append) on\n"
+      "                              generated paged-cache cases, kvrope, kvrope_kip, naive)\n"
+      "  --cases=1,4,8               subset of the case table (default: all; serve suites: their case ids)\n"
       "  --cases_csv=PATH            the case table (default " KVROPE_BENCH_CASES_CSV
       ")\n"
       "  --variants=fused,inplace,naive  (default: all three; each case's naive reference runs last, see "
       "--naive_first)\n"
-      "                              forward and decode: fwd,fwd_naive; styles: half,interleaved,half_r64\n"
+      "                              forward and decode: fwd,fwd_naive; styles: half,interleaved,half_r64;\n"
+      "                              serve-decode and serve-prefill: kvrope,kvrope_kip,naive\n"
       "  --dtype=bf16|fp16|fp32      (default bf16)\n"
       "  --heads=N --head_dim=N      override the table's H and D (8 and 128 in every row)\n"
       "  --positions=arange|random|wrap  cache_position = arange(S); S distinct random rows of S_max in random\n"
@@ -220,7 +266,8 @@ inline void print_usage() {
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed "
       "share;\n"
       "                              leaderboard suite only)\n"
-      "  --no_check                  skip the check against the CPU float64 reference\n"
+      "  --no_check                  skip the check against the CPU float64 reference (serve suites: against\n"
+      "                              the naive reference, once a case and kvrope variant)\n"
       "  --seed=N                    seed of the random inputs\n"
       "  --flush=write|read          the L2 flush writes its buffer (default: the protocol's) or reads it\n"
       "                              (diagnostic: no dirty lines for the call to write back)\n"
@@ -293,7 +340,9 @@ inline Options parse_options(int* argc, char** argv) {
       const auto* s =
           std::find_if(std::begin(kAllSuites), std::end(kAllSuites), [&](Suite x) { return value == suite_name(x); });
       if (s == std::end(kAllSuites))
-        bad_option(arg, "suites are leaderboard, positions, heads, head-dims, dtypes, forward, decode, styles");
+        bad_option(arg,
+                   "suites are leaderboard, positions, heads, head-dims, dtypes, forward, decode, styles, "
+                   "serve-decode, serve-prefill");
       opt.suite = *s;
     } else if (key == "--dtype") {
       if (!valid_dtype(value)) bad_option(arg, "dtype is bf16, fp16 or fp32");
@@ -347,7 +396,7 @@ inline Options parse_options(int* argc, char** argv) {
   const size_t eq = variants_arg.find('=');
   const std::string variants = eq == std::string::npos ? std::string() : variants_arg.substr(eq + 1);
   if (!cases_csv_given) opt.cases_csv = suite_cases_csv(opt.suite);
-  if (!forward_suite(opt.suite)) {
+  if (!forward_suite(opt.suite) && !serve_suite(opt.suite)) {
     if (!variants_arg.empty()) {
       opt.variants.clear();
       for (const auto& p : split_commas(variants)) {
@@ -361,6 +410,19 @@ inline Options parse_options(int* argc, char** argv) {
     return opt;
   }
   if (!backward_only.empty()) bad_option(backward_only, "a flag of the backward suites only");
+  if (serve_suite(opt.suite)) {
+    if (opt.dtype != "bf16") bad_option("--dtype=" + opt.dtype, "the serve suites run bf16 q, k and v");
+    const std::vector<ServeVariant> serve_order = serve_variant_order(opt);
+    opt.serve_variants = variants_arg.empty() ? serve_order : std::vector<ServeVariant>{};
+    for (const auto& p : variants_arg.empty() ? std::vector<std::string>{} : split_commas(variants)) {
+      const auto v = std::find_if(serve_order.begin(), serve_order.end(),
+                                  [&](ServeVariant x) { return p == serve_variant_name(x); });
+      if (v == serve_order.end()) bad_option(variants_arg, "variants of this suite are kvrope, kvrope_kip, naive");
+      opt.serve_variants.push_back(*v);
+    }
+    if (opt.serve_variants.empty()) bad_option("--variants", "no variant selected");
+    return opt;
+  }
   const std::vector<FwdVariant> order = fwd_variant_order(opt);
   std::string names;
   for (FwdVariant v : order) names += std::string(names.empty() ? "" : ", ") + fwd_variant_name(v);

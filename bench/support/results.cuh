@@ -10,6 +10,7 @@
 #include "cases.hpp"
 #include "device.cuh"
 #include "options.cuh"
+#include "serve_cases.hpp"
 
 namespace kvrope_bench {
 
@@ -52,6 +53,25 @@ inline const FwdResult* find_variant(const ForwardCaseResult& cr, FwdVariant v) 
   return it == cr.variants.end() ? nullptr : &it->second;
 }
 
+// One case of a serve suite: its bytes and floors (k read only; k written back: kvrope_kip and the naive
+// reference), the check's outcome, and each variant's times.
+struct ServeCaseResult {
+  ServeCase sc{};
+  double bytes = 0, bytes_kip = 0, floor_us = 0, floor_kip_us = 0;
+  int checks = 0;                         // kvrope variants checked against the naive reference
+  std::string check_failure, check_note;  // the first failure; what was allowed but not bit-exact
+  std::map<ServeVariant, VariantResult> variants;
+
+  // The floor a variant is judged by: the naive reference rotates k in place, as kvrope_kip does.
+  double floor_of(ServeVariant v) const { return v == ServeVariant::kKvrope ? floor_us : floor_kip_us; }
+  double bytes_of(ServeVariant v) const { return v == ServeVariant::kKvrope ? bytes : bytes_kip; }
+};
+
+inline const VariantResult* find_variant(const ServeCaseResult& cr, ServeVariant v) {
+  const auto it = cr.variants.find(v);
+  return it == cr.variants.end() ? nullptr : &it->second;
+}
+
 struct Run {
   Options options;
   DeviceInfo device;
@@ -61,6 +81,8 @@ struct Run {
   std::vector<LeaderboardCase> cases;                // the rows --cases selected, --heads and --head_dim applied
   std::map<int, CaseResult> results;                 // --suite=leaderboard
   std::map<int, ForwardCaseResult> forward_results;  // the forward suites
+  std::vector<ServeCase> serve_cases;                // the serve suites: the cases --cases selected
+  std::map<int, ServeCaseResult> serve_results;
 };
 
 // The cases' common value of a field, or 0 when they differ.

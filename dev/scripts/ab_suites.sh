@@ -8,13 +8,17 @@ a=$1 b=$2 out=$3
 mkdir -p "$out"
 rounds=${ROUNDS:-2}
 iters=${ITERS:-30}
-suites=${SUITES:-"leaderboard positions heads head-dims dtypes forward decode styles"}
+suites=${SUITES:-"leaderboard positions heads head-dims dtypes forward decode styles serve-decode serve-prefill"}
 for ((r = 1; r <= rounds; ++r)); do
   order="A B"
   ((r % 2 == 0)) && order="B A"
   for suite in $suites; do
     variants=--variants=fused,inplace
-    case $suite in forward | decode) variants=--variants=fwd ;; styles) variants= ;; esac
+    case $suite in
+      forward | decode) variants=--variants=fwd ;;
+      styles) variants= ;;
+      serve-decode | serve-prefill) variants=--variants=kvrope,kvrope_kip ;;
+    esac
     for side in $order; do
       bench=$a
       [[ $side == B ]] && bench=$b

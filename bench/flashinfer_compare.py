@@ -1,0 +1,600 @@
+#!/usr/bin/env python3
+"""FlashInfer's serving kernels against kvrope's on the cases of kvrope_bench's serve suites
+(--suite=serve-decode|serve-prefill: the same ids, page tables and positions, made by the same generator as
+bench/support/serve_cases.hpp). bf16 q, k, v as views of one qkv [T, (Hq + 2 H) D], H = 8, D = 128, pages
+of 16 with shuffled page ids, an fp32 table cache [max_position, 128], rotate-half.
+
+Timed, where each applies:
+- FlashInfer's fused bf16 kernel cake_fused_qk_rmsnorm_rope_append_paged_kv_cache ((Hq, H) in {(8, 1),
+  (64, 8)}, D = 128, bf16 NHD caches only; norm off, the last page's unused rows not cleared: the same work
+  as kvrope's, q written to out_q);
+- its fused fp8 kernel rope_quantize_fp8_append_paged_kv_cache (fp8 e4m3 caches, NHD or HND; it writes q
+  quantized to fp8, one byte an element where kvrope writes bf16);
+- its two launches apply_rope_with_cos_sin_cache_inplace (q and k in place) then append_paged_kv_cache
+  (bf16 caches);
+- kvrope through the PyTorch package (kvrope_torch.rope_append_, k read only, and with key_in_place as the
+  two launches do), where the package is importable; else those columns are left out.
+
+Protocol (docs/benchmarks.md): before each call the L2 is flushed (a buffer of twice the L2 written) and the
+device synchronized; a call's time is its kernels' span (first start to last end) from CUPTI through
+torch.profiler; median of --iters calls. A small ragged case is first checked against a PyTorch reference for
+every method, layout and cache type. On the GPU machine (no downloads), from the repository root:
+
+    source dev/scripts/flashinfer_setup.sh && python3 bench/flashinfer_compare.py [--iters 50] [--json out.json]
+
+FlashInfer's package __init__ imports every kernel family, which the reduced wheel lacks: its flashinfer,
+flashinfer.jit and flashinfer.quantization packages are entered as stubs and only the rope, page and Cake
+modules imported. Its JIT builds (nvcc, about a minute) go to $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer;
+--build-only builds them and exits, so that they can overlap other work.
+"""
+import argparse
+import importlib
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import types
+
+import torch
+
+MASK = (1 << 64) - 1
+KEY_SCALE, VALUE_SCALE = 0.0125, 0.015  # bench/support/serve_cases.hpp's fp8 scales
+S_MAX = 4096
+DECODE_BATCHES = (1, 8, 32, 128, 256, 1024)
+PREFILL_SHAPES = ((8, 512), (1, 2048), (4, 1024), (1, 8192))
+QUERY_HEADS = (32, 64)
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+DEVICE = "cuda"
+
+
+# --- the cases, as bench/support/serve_cases.hpp makes them -----------------------------------------------
+
+class SplitMix:
+    """splitmix64 steps; below(n) = next() % n (serve_cases.hpp's SplitMix)."""
+
+    def __init__(self, state):
+        self.state = state & MASK
+
+    def next(self):
+        self.state = (self.state + 0x9E3779B97F4A7C15) & MASK
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        return z ^ (z >> 31)
+
+    def below(self, n):
+        return self.next() % n
+
+
+def case_table(decode, heads=8, head_dim=128, page_size=16):
+    """Every case of a serve suite, numbered from 1: shapes, then Hq, the cache, the layout."""
+    shapes = [(b, 1) for b in DECODE_BATCHES] if decode else list(PREFILL_SHAPES)
+    cases = []
+    for seqs, length in shapes:
+        for hq in QUERY_HEADS:
+            for cache in ("bf16", "fp8_e4m3"):
+                for layout in ("NHD", "HND"):
+                    s_max = -(-length // page_size) * page_size if length > S_MAX else S_MAX
+                    cases.append(dict(id=len(cases) + 1, decode=decode, seqs=seqs, tokens_per_seq=length,
+                                      s_max=s_max, hq=hq, h=heads, d=head_dim, page_size=page_size,
+                                      max_position=s_max, cache=cache, layout=layout))
+    return cases
+
+
+def shape_name(c):
+    return f"T={c['seqs']}" if c["decode"] else f"{c['seqs']}x{c['tokens_per_seq']}"
+
+
+def case_bytes(c, key_written=False):
+    """serve_cases.hpp's serve_bytes: q read and written, k and v read, the cache rows, a table row, the
+    position and the slot, a token."""
+    hq, h, d = c["hq"], c["h"], c["d"]
+    ce = 2 if c["cache"] == "bf16" else 1
+    per_token = 2 * 2 * hq * d + 2 * 2 * h * d + ce * 2 * h * d + 4 * d + 16 + (2 * h * d if key_written else 0)
+    return per_token * c["seqs"] * c["tokens_per_seq"]
+
+
+def serve_tokens(c, seed):
+    """serve_cases.hpp's serve_tokens: (page_table [seqs][pages_per_seq], positions, slots, starts, lengths)."""
+    seqs, length, p = c["seqs"], c["tokens_per_seq"], c["page_size"]
+    pps = c["s_max"] // p
+    pages = seqs * pps
+    rng = SplitMix(seed + 1000003 * seqs + length)
+    perm = list(range(pages))
+    for i in range(pages - 1, 0, -1):
+        j = rng.below(i + 1)
+        perm[i], perm[j] = perm[j], perm[i]
+    table = [perm[b * pps:(b + 1) * pps] for b in range(seqs)]
+    positions, slots = [], []
+    for b in range(seqs):
+        for i in range(length):
+            pos = rng.below(c["s_max"]) if c["decode"] else i
+            positions.append(pos)
+            slots.append(table[b][pos // p] * p + pos % p)
+    starts = [positions[b * length] for b in range(seqs)]
+    return table, positions, slots, starts, [length] * seqs
+
+
+def rope_table(max_position, rotary_dim):
+    """cos | sin of position * 10000^(-2i / R), in float64 then fp32 (serve_case.cuh's rope_table)."""
+    i = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    angle = torch.arange(max_position, dtype=torch.float64)[:, None] * torch.pow(10000.0, -2.0 * i / rotary_dim)
+    return torch.cat([angle.cos(), angle.sin()], dim=1).float().to(DEVICE)
+
+
+class Problem:
+    """One case's tensors, shared by its methods: qkv and its views, the caches, and each API's metadata
+    built from the one page table (kvrope: positions and slots; FlashInfer: batch_indices, positions,
+    kv_indptr / kv_indices / kv_last_page_len over each sequence's pages in use, and for the Cake kernel
+    seq_lens, q_indptr and the dense page table)."""
+
+    def __init__(self, c, tokens, table, zero_caches=False, seed=0):
+        page_table, positions, slots, starts, lengths = tokens
+        self.c = c
+        hq, h, d, p = c["hq"], c["h"], c["d"], c["page_size"]
+        self.T = t = len(positions)
+        self.B = b = len(lengths)
+        cuda = dict(device=DEVICE)
+        torch.manual_seed(seed)
+        self.qkv = torch.randn(t, (hq + 2 * h) * d, dtype=torch.bfloat16, **cuda)
+        self.table = table
+        self.positions = torch.tensor(positions, dtype=torch.int64, **cuda)
+        self.slots = torch.tensor(slots, dtype=torch.int64, **cuda)
+        pages = b * (c["s_max"] // p)
+        shape = (pages, p, h, d) if c["layout"] == "NHD" else (pages, h, p, d)
+        dtype = torch.bfloat16 if c["cache"] == "bf16" else FP8
+        make = torch.zeros if zero_caches else torch.empty
+        self.kc, self.vc = make(shape, dtype=dtype, **cuda), make(shape, dtype=dtype, **cuda)
+        self.k_scale = torch.tensor([KEY_SCALE], dtype=torch.float32, **cuda)
+        self.v_scale = torch.tensor([VALUE_SCALE], dtype=torch.float32, **cuda)
+        ends = [s + n for s, n in zip(starts, lengths)]  # each sequence's length after the append
+        used = [-(-e // p) for e in ends]
+        i32 = dict(dtype=torch.int32, **cuda)
+        self.batch_indices = torch.tensor([bi for bi in range(b) for _ in range(lengths[bi])], **i32)
+        self.positions32 = self.positions.int()
+        self.kv_indptr = torch.tensor([sum(used[:bi]) for bi in range(b + 1)], **i32)
+        self.kv_indices = torch.tensor([pg for bi in range(b) for pg in page_table[bi][:used[bi]]], **i32)
+        self.kv_last_page_len = torch.tensor([(e - 1) % p + 1 for e in ends], **i32)
+        self.seq_lens = torch.tensor(ends, **i32)
+        self.q_indptr = torch.tensor([sum(lengths[:bi]) for bi in range(b + 1)], **i32)
+        self.page_indices = torch.tensor(page_table, **i32)
+        self.out_q = torch.empty(t, hq, d, dtype=torch.bfloat16, **cuda)
+        self.out_q8 = torch.empty(t, hq, d, dtype=FP8, **cuda)
+
+    def views(self):
+        hq, h, d = self.c["hq"], self.c["h"], self.c["d"]
+        q = self.qkv[:, :hq * d].view(self.T, hq, d)
+        k = self.qkv[:, hq * d:(hq + h) * d].view(self.T, h, d)
+        v = self.qkv[:, (hq + h) * d:].view(self.T, h, d)
+        return q, k, v
+
+    def _slot_rows(self, cache):
+        """The cache's bits as [slots, H, D] (indexed as integers: fp8 indexing need not be supported)."""
+        c = cache if self.c["layout"] == "NHD" else cache.transpose(1, 2)
+        bits = c.contiguous().view(torch.uint8 if cache.element_size() == 1 else torch.int16)
+        return bits.reshape(-1, self.c["h"], self.c["d"])
+
+    def rows(self, cache):
+        """The cache rows of the tokens' slots, [T, H, D]."""
+        return self._slot_rows(cache)[self.slots].view(cache.dtype)
+
+    def other_rows_nonzero(self, cache):
+        """Elements of rows no token names that are not zero (the caches start zeroed)."""
+        bits = self._slot_rows(cache)
+        mask = torch.ones(bits.shape[0], dtype=torch.bool, device=bits.device)
+        mask[self.slots] = False
+        return int((bits[mask] != 0).sum().item())
+
+
+# --- FlashInfer and kvrope ------------------------------------------------------------------------------
+
+class FlashInfer:
+    """FlashInfer's rope, page and Cake modules, imported under stub packages (the module docstring)."""
+
+    def __init__(self):
+        self.error = None
+        self.rope = self.page = self.cake = self.cake_jit = None
+        spec = importlib.util.find_spec("flashinfer")
+        if spec is None or not spec.submodule_search_locations:
+            self.error = "flashinfer is not importable (source dev/scripts/flashinfer_setup.sh first)"
+            return
+        root = list(spec.submodule_search_locations)[0]
+        for name, path in (("flashinfer", root), ("flashinfer.jit", os.path.join(root, "jit")),
+                           ("flashinfer.quantization", os.path.join(root, "quantization"))):
+            if name not in sys.modules:
+                stub = types.ModuleType(name)
+                stub.__path__ = [path]
+                stub.__package__ = name
+                sys.modules[name] = stub
+        try:
+            importlib.import_module("pynvml")
+        except ImportError:  # flashinfer.utils imports it; the modules used here never call it
+            sys.modules["pynvml"] = _pynvml_stub()
+        try:
+            self.rope = importlib.import_module("flashinfer.rope")
+            self.page = importlib.import_module("flashinfer.page")
+        except Exception as e:  # noqa: BLE001 (any import failure: report it, time the rest)
+            self.error = f"flashinfer.rope / flashinfer.page: {type(e).__name__}: {e}"
+            return
+        try:
+            self.cake = importlib.import_module("flashinfer.cake_fused_qk_rope_append")
+            self.cake_jit = importlib.import_module("flashinfer.cake_fused_qk_rope_append_backend.cake_jit")
+            self.cake_build = importlib.import_module("flashinfer.cake_fused_qk_rope_append_backend.cake_build")
+        except Exception as e:  # noqa: BLE001
+            print(f"flashinfer: the Cake fused kernel is unavailable: {type(e).__name__}: {e}")
+            self.cake = None
+
+    def cake_supports(self, c):
+        return (self.cake is not None and c["cache"] == "bf16" and c["layout"] == "NHD" and c["d"] == 128
+                and (c["hq"], c["h"]) in tuple(self.cake_jit.SUPPORTED_HEADS))
+
+    def prebuild(self, cases):
+        """Every JIT module the cases need, in one parallel ninja build (else each builds at its first call)."""
+        from flashinfer.jit.core import build_jit_specs
+        from flashinfer.jit.page import gen_page_module
+        from flashinfer.jit.rope import gen_rope_module
+        specs = {"rope": gen_rope_module(), "page": gen_page_module()}
+        if self.cake is not None:
+            arch, sms = self.cake_jit.device_arch(0), self.cake_jit.sm_count(0)
+            for c in cases:
+                if self.cake_supports(c):
+                    rows = c.get("rows", c["seqs"] * c["tokens_per_seq"])
+                    stage = self.cake_jit.stage_for(c["hq"], c["h"], arch=arch, num_rows=rows, num_requests=c["seqs"],
+                                                    page_size=c["page_size"], num_sms=sms, qk_norm_policy=0,
+                                                    enable_pdl=False)
+                    lib = self.cake_jit.library_name(stage, arch)
+                    if lib not in specs:
+                        specs[lib] = self.cake_build.jit_spec(lib)
+        start = time.perf_counter()
+        build_jit_specs(list(specs.values()), verbose=False)
+        print(f"flashinfer: JIT modules ready ({len(specs)}: {', '.join(specs)}) in "
+              f"{time.perf_counter() - start:.0f} s")
+
+
+def _pynvml_stub():
+    m = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    m.NVMLError = NVMLError
+    m.NVMLError_NotSupported = type("NVMLError_NotSupported", (NVMLError,), {})
+
+    def unavailable(*args, **kwargs):
+        raise NVMLError("pynvml is not installed")
+
+    m.__getattr__ = lambda name: unavailable
+    return m
+
+
+def import_kvrope():
+    try:
+        kvrope_torch = importlib.import_module("kvrope_torch")
+    except Exception as e:  # noqa: BLE001
+        return None, f"kvrope_torch is not importable ({type(e).__name__}: {e})"
+    if not hasattr(kvrope_torch, "rope_append_"):
+        return None, "kvrope_torch has no rope_append_"
+    return kvrope_torch, None
+
+
+def methods(pr, fi, kv):
+    """The calls that apply to a case, by name: (callable, where q goes, whether k is rotated in place,
+    the fp8 scales the cache rows get)."""
+    c = pr.c
+    q, k, v = pr.views()
+    hq, h, d, layout = c["hq"], c["h"], c["d"], c["layout"]
+    fp8 = c["cache"] != "bf16"
+    out = {}
+    if fi.rope is not None:
+        if fi.cake_supports(c):
+            cake = fi.cake.cake_fused_qk_rmsnorm_rope_append_paged_kv_cache
+            out["fi_fused"] = (lambda: cake(pr.qkv, pr.table, pr.seq_lens, pr.q_indptr, pr.page_indices, pr.kc, pr.vc,
+                                            num_q_heads=hq, num_kv_heads=h, out_q=pr.out_q,
+                                            clear_unused_last_page_rows=False),
+                               "out_q", False, None)
+        if fp8:
+            fused8 = fi.rope.rope_quantize_fp8_append_paged_kv_cache
+            out["fi_fp8"] = (lambda: fused8(q, k, None, None, v, pr.table, pr.positions, (pr.kc, pr.vc), pr.kv_indices,
+                                            pr.kv_indptr, pr.batch_indices, pr.positions32, is_neox=True,
+                                            quantize_dtype=FP8, quant_scale_q=1.0, quant_scale_kv=1.0 / KEY_SCALE,
+                                            page_size=c["page_size"], kv_layout=layout, q_rope_out=pr.out_q8),
+                             "out_q8", False, (KEY_SCALE, KEY_SCALE))
+        else:
+            rope_inplace = fi.rope.apply_rope_with_cos_sin_cache_inplace
+            append = fi.page.append_paged_kv_cache
+
+            def two_launches():
+                rope_inplace(pr.positions, q, k, d, pr.table, is_neox=True)
+                append(k, v, pr.batch_indices, pr.positions32, (pr.kc, pr.vc), pr.kv_indices, pr.kv_indptr,
+                       pr.kv_last_page_len, kv_layout=layout)
+
+            out["fi_two"] = (two_launches, "q", True, None)
+    if kv is not None:
+        scales = dict(k_scale=pr.k_scale, v_scale=pr.v_scale) if fp8 else {}
+        for name, kip in (("kvrope", False), ("kvrope_kip", True)):
+            out[name] = (lambda kip=kip: kv.rope_append_(q, k, v, pr.positions, pr.table, pr.kc, pr.vc, pr.slots,
+                                                         key_in_place=kip, layout=layout, **scales),
+                         "q", kip, (KEY_SCALE, VALUE_SCALE))
+    return out
+
+
+# --- the check --------------------------------------------------------------------------------------------
+
+def rope_ref(x, table, positions):
+    """RoPE of x [T, n, D] (rotate-half) in fp32 from the table cache rows of positions."""
+    half = x.shape[-1] // 2
+    cs = table[positions]
+    c, s = cs[:, None, :half], cs[:, None, half:]
+    x = x.float()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def to_fp8(x, scale):
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def steps(got, want):
+    """The largest distance between got and want in units in the last place of want's format (bf16: 7
+    mantissa bits, e4m3: 3, subnormals included); inf where one is NaN."""
+    mbits, emin = (7, -125) if want.dtype == torch.bfloat16 else (3, -5)
+    g, w = got.float(), want.float()
+    if g.numel() == 0:
+        return 0.0
+    _, e = torch.frexp(w)
+    ulp = torch.exp2((e.clamp(min=emin) - 1 - mbits).float())
+    d = (g - w).abs() / ulp
+    d[g.isnan() ^ w.isnan()] = math.inf
+    d[g.isnan() & w.isnan()] = 0
+    return float(d.max().item())
+
+
+VERIFY_STARTS, VERIFY_LENGTHS, VERIFY_SMAX = [0, 37, 100], [5, 1, 20], 256
+
+
+def verify_case(cache, layout):
+    """The check's small ragged batch: 3 sequences (5 tokens from 0, 1 at 37, 20 from 100), Hq = 64, H = 8."""
+    return dict(decode=False, seqs=len(VERIFY_LENGTHS), tokens_per_seq=0, rows=sum(VERIFY_LENGTHS),
+                s_max=VERIFY_SMAX, hq=64, h=8, d=128, page_size=16, max_position=S_MAX, cache=cache, layout=layout)
+
+
+def verify(fi, kv):
+    """Every method on verify_case's batch, every cache type and layout, against rope_ref: outputs within one
+    unit in the last place of their format, rows no token names untouched. Returns the number of
+    disagreements."""
+    seqs, starts, lengths, p, s_max = len(VERIFY_LENGTHS), VERIFY_STARTS, VERIFY_LENGTHS, 16, VERIFY_SMAX
+    rng = SplitMix(7)
+    pages = seqs * (s_max // p)
+    perm = list(range(pages))
+    for i in range(pages - 1, 0, -1):
+        j = rng.below(i + 1)
+        perm[i], perm[j] = perm[j], perm[i]
+    page_table = [perm[b * (s_max // p):(b + 1) * (s_max // p)] for b in range(seqs)]
+    positions = [s + i for s, n in zip(starts, lengths) for i in range(n)]
+    batch = [b for b in range(seqs) for _ in range(lengths[b])]
+    slots = [page_table[b][pos // p] * p + pos % p for b, pos in zip(batch, positions)]
+    table = rope_table(S_MAX, 128)
+    failures = 0
+    for cache in ("bf16", "fp8_e4m3"):
+        for layout in ("NHD", "HND"):
+            c = verify_case(cache, layout)
+            probe = Problem(c, (page_table, positions, slots, starts, lengths), table, zero_caches=True, seed=3)
+            for name in methods(probe, fi, kv):
+                pr = Problem(c, (page_table, positions, slots, starts, lengths), table, zero_caches=True, seed=3)
+                call, q_where, kip, scales = methods(pr, fi, kv)[name]
+                q0, k0, v0 = (x.clone() for x in pr.views())
+                q_ref, k_ref = rope_ref(q0, table, pr.positions), rope_ref(k0, table, pr.positions)
+                try:
+                    call()
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001
+                    print(f"verify {name:10s} {cache:8s} {layout}: FAILED to run: {type(e).__name__}: {e}")
+                    failures += 1
+                    continue
+                q, k, v = pr.views()
+                got_q = {"out_q": pr.out_q, "out_q8": pr.out_q8, "q": q}[q_where]
+                want_q = to_fp8(q_ref, 1.0) if q_where == "out_q8" else q_ref.bfloat16()
+                k_bf = k_ref.bfloat16()
+                if cache == "bf16":
+                    want_k, want_v = k_bf, v0
+                else:
+                    want_k, want_v = to_fp8(k_bf, scales[0]), to_fp8(v0, scales[1])
+                found = {"q": steps(got_q, want_q), "k": steps(k, k_bf if kip else k0), "v": steps(v, v0),
+                         "key rows": steps(pr.rows(pr.kc), want_k), "value rows": steps(pr.rows(pr.vc), want_v)}
+                limit = {"k": 1 if kip else 0, "v": 0}
+                bad = [f"{key} {val:g}" for key, val in found.items() if val > limit.get(key, 1)]
+                stray = pr.other_rows_nonzero(pr.kc) + pr.other_rows_nonzero(pr.vc)
+                if stray:
+                    bad.append(f"{stray} elements written outside the tokens' rows")
+                failures += bool(bad)
+                detail = ", ".join(f"{key} {val:g}" for key, val in found.items())
+                print(f"verify {name:10s} {cache:8s} {layout}: {'MISMATCH ' + '; '.join(bad) if bad else 'ok'} "
+                      f"(ulps: {detail})")
+                del pr
+            del probe
+    return failures
+
+
+# --- the clock --------------------------------------------------------------------------------------------
+
+class SpanClock:
+    """bench/torch_compare.py's span clock: before each call an L2 flush (a write of twice the L2) and a
+    synchronize; after it a marker kernel; a call's time is the span of the kernels between the two, from
+    torch.profiler's CUDA activity (CUPTI)."""
+
+    def __init__(self):
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        self.flush_buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+        self.flush_names = self._kernel_names(self.flush)
+        self.marker_names = self._kernel_names(self.mark)
+
+    def flush(self):
+        self.flush_buf.random_()
+
+    @staticmethod
+    def mark():
+        torch.cuda._sleep(1)
+
+    @staticmethod
+    def _kernel_names(fn):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+    def span(self, call, iters, warmup=3):
+        for _ in range(warmup):
+            call()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                self.flush()
+                torch.cuda.synchronize()
+                call()
+                self.mark()
+                torch.cuda.synchronize()
+        kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                         if e.device_type == torch.autograd.DeviceType.CUDA)
+        spans, current = [], None
+        for start, end, name in kernels:
+            if name in self.flush_names:
+                current = []
+            elif name in self.marker_names:
+                if current:
+                    spans.append(max(e for _, e in current) - min(s for s, _ in current))
+                current = None
+            elif current is not None:
+                current.append((start, end))
+        return statistics.median(spans) if spans else float("nan")
+
+
+# --- main -------------------------------------------------------------------------------------------------
+
+COLUMNS = ("fi_fused", "fi_fp8", "fi_two", "kvrope", "kvrope_kip")
+
+
+def fmt(x, f="{:.2f}"):
+    return f.format(x) if x is not None and math.isfinite(x) else "-"
+
+
+def geomean(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x) and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan"), len(xs)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suites", default="serve-decode,serve-prefill")
+    parser.add_argument("--decode-cases", default="", help="ids of serve-decode (default: all)")
+    parser.add_argument("--prefill-cases", default="", help="ids of serve-prefill (default: all)")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=20261129, help="kvrope_bench's --seed")
+    parser.add_argument("--no-verify", action="store_true")
+    parser.add_argument("--no-kvrope", action="store_true", help="FlashInfer only")
+    parser.add_argument("--build-only", action="store_true", help="build FlashInfer's JIT modules and exit")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # a run cut short by a timeout keeps every finished line
+
+    cases = []
+    for suite in args.suites.split(","):
+        if suite not in ("serve-decode", "serve-prefill"):
+            parser.error(f"unknown suite {suite!r}")
+        decode = suite == "serve-decode"
+        ids = args.decode_cases if decode else args.prefill_cases
+        keep = {int(i) for i in ids.split(",") if i} if ids else None
+        cases += [dict(c, suite=suite) for c in case_table(decode) if keep is None or c["id"] in keep]
+
+    fi = FlashInfer()
+    if fi.error:
+        print(f"flashinfer: {fi.error}")
+    else:
+        try:
+            fi.prebuild(cases + ([] if args.no_verify else [verify_case("bf16", "NHD")]))
+        except Exception as e:  # noqa: BLE001 (each module then builds at its first call)
+            print(f"flashinfer: parallel JIT build failed ({type(e).__name__}: {e}); building at first use")
+    if args.build_only:
+        return 1 if fi.error else 0
+    kv, why = (None, "--no-kvrope") if args.no_kvrope else import_kvrope()
+    if why:
+        print(f"kvrope: columns left out: {why}")
+    if fi.rope is None and kv is None:
+        print("nothing to time")
+        return 1
+
+    dev = torch.cuda.get_device_name(0)
+    print(f"flashinfer_compare: {dev}, torch {torch.__version__} (CUDA {torch.version.cuda}), median of {args.iters} "
+          f"calls, L2 flushed before each; CUPTI kernel span (first start to last end) in us")
+    failures = 0
+    if not args.no_verify:
+        failures = verify(fi, kv)
+        print(f"verify: {'all methods agree with the reference' if failures == 0 else f'{failures} MISMATCH(ES)'}")
+
+    clock = SpanClock()
+    # Each case's row as soon as it is timed (a run cut short keeps what it printed), the means at the end.
+    print("\nFI fused: cake_fused_qk_rmsnorm_rope_append_paged_kv_cache (bf16 NHD, Hq 64); FI fp8: "
+          "rope_quantize_fp8_append_paged_kv_cache (q out in fp8); FI r+a: apply_rope_with_cos_sin_cache_inplace + "
+          "append_paged_kv_cache (k in place); kvrope: rope_append_ (k read only); kip: with key_in_place; "
+          "FI1: the faster FlashInfer single launch; FI2: FI r+a")
+    print(f"{'suite':13s} {'case':>4s} {'shape':>8s} {'Hq':>3s} {'cache':>8s} {'lay':>3s} {'MB':>8s} | "
+          f"{'FI fused':>8s} {'FI fp8':>8s} {'FI r+a':>8s} | {'kvrope':>8s} {'kip':>8s} | "
+          f"{'k/FI1':>6s} {'k/FI2':>6s} {'kip/FI2':>7s}", flush=True)
+    results, tokens_of, tables = [], {}, {}
+    for c in cases:
+        key = (c["suite"], c["seqs"], c["tokens_per_seq"])
+        if key not in tokens_of:  # the page table and tokens of a shape, shared by its 8 configurations
+            tokens_of.clear()
+            tokens_of[key] = serve_tokens(c, args.seed)
+        if c["max_position"] not in tables:
+            tables[c["max_position"]] = rope_table(c["max_position"], c["d"])
+        pr = Problem(c, tokens_of[key], tables[c["max_position"]], seed=c["id"])
+        r = dict(suite=c["suite"], case=c["id"], shape=shape_name(c), hq=c["hq"], cache=c["cache"],
+                 layout=c["layout"], bytes=case_bytes(c), bytes_key_written=case_bytes(c, True))
+        for name, (call, _, _, _) in methods(pr, fi, kv).items():
+            try:
+                r[name] = clock.span(call, args.iters)
+            except Exception as e:  # noqa: BLE001
+                print(f"{c['suite']} case {c['id']} {name}: {type(e).__name__}: {e}")
+        del pr
+        torch.cuda.empty_cache()
+        single = [r[n] for n in ("fi_fused", "fi_fp8") if n in r]
+        r["fi_single"] = min(single) if single else None
+        r["kvrope_over_fi_single"] = r["kvrope"] / r["fi_single"] if "kvrope" in r and r["fi_single"] else None
+        r["kvrope_over_fi_two"] = r["kvrope"] / r["fi_two"] if "kvrope" in r and "fi_two" in r else None
+        r["kip_over_fi_two"] = r["kvrope_kip"] / r["fi_two"] if "kvrope_kip" in r and "fi_two" in r else None
+        results.append(r)
+        print(f"{r['suite']:13s} {r['case']:4d} {r['shape']:>8s} {r['hq']:3d} {r['cache']:>8s} {r['layout']:>3s} "
+              f"{r['bytes'] * 1e-6:8.3f} | " + " ".join(f"{fmt(r.get(n)):>8s}" for n in COLUMNS[:3]) + " | " +
+              " ".join(f"{fmt(r.get(n)):>8s}" for n in COLUMNS[3:]) + " | " +
+              f"{fmt(r['kvrope_over_fi_single'], '{:.3f}'):>6s} {fmt(r['kvrope_over_fi_two'], '{:.3f}'):>6s} "
+              f"{fmt(r['kip_over_fi_two'], '{:.3f}'):>7s}", flush=True)
+    print()
+    summary = {}
+    for suite in sorted({r["suite"] for r in results}):
+        rs = [r for r in results if r["suite"] == suite]
+        for label, key in (("kvrope / FlashInfer single launch", "kvrope_over_fi_single"),
+                           ("kvrope / FlashInfer rope+append", "kvrope_over_fi_two"),
+                           ("kvrope_kip / FlashInfer rope+append", "kip_over_fi_two")):
+            g, n = geomean([r[key] for r in rs])
+            summary[f"{suite} {key}"] = g
+            if n:
+                print(f"{suite} {label} geomean = {g:.3f} (over {n} cases)")
+        for name in COLUMNS:
+            g, n = geomean([r.get(name) for r in rs])
+            if n:
+                print(f"{suite} {name} geomean us = {g:.2f} (over {n} cases)")
+    if failures:
+        print(f"verify: {failures} MISMATCH(ES) (see the verify lines above)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": dev, "torch": torch.__version__, "iters": args.iters, "seed": args.seed,
+                       "verify_failures": failures, "cases": results, "geomeans": summary}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

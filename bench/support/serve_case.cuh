@@ -1,0 +1,287 @@
+// One case of a serve suite: its tensors (shared by its variants; one case is alive at a time), the
+// AppendParams of a variant, and the check of kv_cache_rope_append against the naive two launches
+// (kvrope::reference::naive_append), done on the device (support/serve_check.cuh).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <kvrope/kvrope.cuh>
+#include <kvrope/reference/naive_append.cuh>
+
+#include "case_data.cuh"
+#include "check.cuh"
+#include "device.cuh"
+#include "fill.cuh"
+#include "options.cuh"
+#include "serve_cases.hpp"
+#include "serve_check.cuh"
+#include "timed_calls.cuh"
+
+namespace kvrope_bench {
+
+// The byte the caches are filled with before a checked call: rows no token names must keep it.
+constexpr unsigned char kServeCachePattern = 0x5A;
+
+// The outcome of a check: `failure` empty when every region is within its tolerance; `note` says how many
+// elements were not bit-exact where a tolerance allowed it.
+struct ServeCheck {
+  std::string failure, note;
+};
+
+template <typename T, typename C>
+struct ServeCaseData : CaseDataBase {
+  using Pos = int64_t;
+  ServeCase sc;
+  int64_t tokens = 0, width = 0, slots = 0;  // width: elements of a token's row of qkv, (Hq + 2 H) D
+  size_t cache_elems = 0;
+  int fill_blocks = 0;
+  ServeTokens host;
+
+  // qkv [T, (Hq + 2 H) D]: q, k and v as views of one projection, as engines pass them. qkv is what the calls
+  // rotate (again and again while timed: values stay bounded); pristine is the input, restored for a check.
+  DeviceBuffer qkv, pristine, positions, slot_mapping, table, key_cache, value_cache, scales, error_flag;
+  // The naive reference's outputs (qkv after it, its cache rows gathered [T, H, D]), the writer of each slot,
+  // the check's counts.
+  DeviceBuffer ref_qkv, ref_key_rows, ref_value_rows, writer, counts;
+  bool reference_ready = false;
+  std::string reference_error;
+
+  ServeCaseData(const ServeCase& c, const Options& opt, int blocks, cudaStream_t stream) : sc(c) {
+    case_id = c.id;
+    fill_blocks = blocks;
+    tokens = c.tokens();
+    width = (c.query_heads + 2 * c.heads) * c.head_dim;
+    slots = c.pages() * c.page_size;
+    cache_elems = static_cast<size_t>(slots * c.heads * c.head_dim);
+    host = serve_tokens(c, opt.seed);
+
+    const size_t qkv_bytes = static_cast<size_t>(tokens * width) * sizeof(T);
+    qkv = DeviceBuffer(qkv_bytes);
+    pristine = DeviceBuffer(qkv_bytes);
+    positions = DeviceBuffer(static_cast<size_t>(tokens) * sizeof(Pos));
+    slot_mapping = DeviceBuffer(static_cast<size_t>(tokens) * sizeof(int64_t));
+    table = DeviceBuffer(static_cast<size_t>(c.max_position * c.head_dim) * sizeof(float));
+    key_cache = DeviceBuffer(cache_elems * sizeof(C));
+    value_cache = DeviceBuffer(cache_elems * sizeof(C));
+    scales = DeviceBuffer(2 * sizeof(float));
+    error_flag = DeviceBuffer(sizeof(int));
+
+    const uint64_t seed = splitmix64(opt.seed ^ (static_cast<uint64_t>(c.id) << 32) ^ 0x5E7Eull);
+    fill_normal(pristine.as<T>(), tokens * width, seed, fill_blocks, stream);
+    KVROPE_BENCH_CUDA(cudaMemcpyAsync(qkv.as<T>(), pristine.as<T>(), qkv_bytes, cudaMemcpyDeviceToDevice, stream));
+    fill_caches(stream);
+    // Every copy on `stream` (non-blocking: the legacy stream's copies would not be ordered with its kernels).
+    upload(positions, host.positions.data(), stream);
+    upload(slot_mapping, host.slots.data(), stream);
+    const std::vector<float> t = rope_table(c.max_position, c.head_dim);
+    upload(table, t.data(), stream);
+    const float s[2] = {kServeKeyScale, kServeValueScale};
+    upload(scales, s, stream);
+    KVROPE_BENCH_CUDA(cudaMemsetAsync(error_flag.as<int>(), 0, sizeof(int), stream));
+    KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
+  }
+
+  // buf.bytes() bytes from the host, on `stream` (from pageable memory: staged before the call returns).
+  static void upload(const DeviceBuffer& buf, const void* src, cudaStream_t stream) {
+    KVROPE_BENCH_CUDA(cudaMemcpyAsync(buf.as<void>(), src, buf.bytes(), cudaMemcpyHostToDevice, stream));
+  }
+
+  // The table cache [max_position, R] of base 10000 (cos | sin of position * 10000^(-2i / R)), as serving
+  // engines precompute it, in fp32.
+  static std::vector<float> rope_table(int64_t max_position, int64_t R) {
+    std::vector<float> t(static_cast<size_t>(max_position * R));
+    std::vector<double> inv_freq(static_cast<size_t>(R / 2));
+    for (int64_t i = 0; i < R / 2; ++i)
+      inv_freq[static_cast<size_t>(i)] = std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(R));
+    for (int64_t p = 0; p < max_position; ++p) {
+      for (int64_t i = 0; i < R / 2; ++i) {
+        const double angle = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
+        t[static_cast<size_t>(p * R + i)] = static_cast<float>(std::cos(angle));
+        t[static_cast<size_t>(p * R + R / 2 + i)] = static_cast<float>(std::sin(angle));
+      }
+    }
+    return t;
+  }
+
+  kvrope::PagedCache<C> cache_of(const DeviceBuffer& buf) const {
+    C* data = buf.as<C>();
+    return sc.layout == ServeLayout::kNhd ? kvrope::nhd_pages(data, sc.page_size, sc.heads, sc.head_dim)
+                                          : kvrope::hnd_pages(data, sc.page_size, sc.heads, sc.head_dim);
+  }
+
+  // A variant's call: q rotated in place, k rotated in place only with key_in_place (never into key_out), the
+  // table cache in fp32, RoPE(k) and v into the paged caches at slot_mapping, fp8 with per-tensor scales.
+  kvrope::AppendParams<T, C, Pos> params(bool key_in_place) const {
+    const int64_t Hq = sc.query_heads, H = sc.heads, D = sc.head_dim;
+    T* base = qkv.as<T>();
+    kvrope::AppendParams<T, C, Pos> p;
+    p.tokens = tokens;
+    p.heads = H;
+    p.query_heads = Hq;
+    p.head_dim = D;
+    p.rotary_dim = D;
+    p.style = kvrope::RotaryStyle::kRotateHalf;
+    p.query = {base, width, D};
+    p.key = {base + Hq * D, width, D};
+    p.key_in_place = key_in_place;
+    p.value = {base + (Hq + H) * D, width, D};
+    p.positions = positions.as<const Pos>();
+    p.cos_sin_cache_f32 = table.as<const float>();
+    p.max_position = sc.max_position;
+    p.key_cache = cache_of(key_cache);
+    p.value_cache = cache_of(value_cache);
+    p.page_size = sc.page_size;
+    p.num_pages = sc.pages();
+    p.slot_mapping = slot_mapping.as<const int64_t>();
+    if constexpr (kvrope::kIsFp8<C>) {
+      p.key_scale = scales.as<const float>();
+      p.value_scale = scales.as<const float>() + 1;
+    }
+    p.error_flag = error_flag.as<int>();
+    return p;
+  }
+
+  void fill_caches(cudaStream_t stream) const {
+    KVROPE_BENCH_CUDA(cudaMemsetAsync(key_cache.as<void>(), kServeCachePattern, key_cache.bytes(), stream));
+    KVROPE_BENCH_CUDA(cudaMemsetAsync(value_cache.as<void>(), kServeCachePattern, value_cache.bytes(), stream));
+  }
+
+  // qkv back to the input, the caches to the pattern, the error flag to 0.
+  void reset(cudaStream_t stream) const {
+    KVROPE_BENCH_CUDA(cudaMemcpyAsync(qkv.as<T>(), pristine.as<T>(), qkv.bytes(), cudaMemcpyDeviceToDevice, stream));
+    fill_caches(stream);
+    KVROPE_BENCH_CUDA(cudaMemsetAsync(error_flag.as<int>(), 0, sizeof(int), stream));
+  }
+
+  int read_error_flag(cudaStream_t stream) const {
+    int flag = 0;
+    KVROPE_BENCH_CUDA(cudaMemcpyAsync(&flag, error_flag.as<int>(), sizeof(int), cudaMemcpyDeviceToHost, stream));
+    KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
+    return flag;
+  }
+
+  // The naive reference's outputs, computed once a case (its key rotated in place): empty, or why it failed.
+  const std::string& reference(cudaStream_t stream) {
+    if (reference_ready) return reference_error;
+    reference_ready = true;
+    reset(stream);
+    const kvrope::Status st = kvrope::reference::naive_append(params(true), stream);
+    KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
+    if (!st.ok()) return reference_error = status_message("naive_append", st);
+    if (const int flag = read_error_flag(stream); flag != 0)
+      return reference_error = "naive_append raised error_flag = " + std::to_string(flag);
+    ref_qkv = DeviceBuffer(qkv.bytes());
+    KVROPE_BENCH_CUDA(cudaMemcpyAsync(ref_qkv.as<T>(), qkv.as<T>(), qkv.bytes(), cudaMemcpyDeviceToDevice, stream));
+    const size_t row_bytes = static_cast<size_t>(tokens * sc.heads * sc.head_dim) * sizeof(C);
+    ref_key_rows = DeviceBuffer(row_bytes);
+    ref_value_rows = DeviceBuffer(row_bytes);
+    const int64_t n = tokens * sc.heads * sc.head_dim;
+    gather_cache_rows<C><<<fill_blocks, 256, 0, stream>>>(const_cache(key_cache), slot_mapping.as<const int64_t>(),
+                                                          sc.page_size, sc.heads, sc.head_dim, n, ref_key_rows.as<C>());
+    gather_cache_rows<C><<<fill_blocks, 256, 0, stream>>>(const_cache(value_cache), slot_mapping.as<const int64_t>(),
+                                                          sc.page_size, sc.heads, sc.head_dim, n,
+                                                          ref_value_rows.as<C>());
+    KVROPE_BENCH_CUDA(cudaGetLastError());
+    std::vector<int> w(static_cast<size_t>(slots), -1);
+    for (int64_t t = 0; t < tokens; ++t)
+      w[static_cast<size_t>(host.slots[static_cast<size_t>(t)])] = static_cast<int>(t);
+    writer = DeviceBuffer(w.size() * sizeof(int));
+    upload(writer, w.data(), stream);
+    counts = DeviceBuffer(kServeRegions * sizeof(CompareCounts));
+    KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
+    return reference_error;
+  }
+
+  kvrope::PagedCache<const C> const_cache(const DeviceBuffer& buf) const {
+    const kvrope::PagedCache<C> c = cache_of(buf);
+    return {c.data, c.page_stride, c.offset_stride, c.head_stride};
+  }
+
+  // One call of `launch` (which sets `status`) from the reset state, compared with the naive reference: q
+  // within 2 ulps of T; k unchanged, or within 2 ulps with key_in_place; v unchanged; the cache rows written
+  // bit-exact (both quantize RoPE(k) rounded to T); every other cache element untouched. The inputs are
+  // restored afterwards.
+  template <typename Launch>
+  ServeCheck check(Launch&& launch, const kvrope::Status& status, bool key_in_place, cudaStream_t stream) {
+    ServeCheck out;
+    if (const std::string& e = reference(stream); !e.empty()) {
+      out.failure = "no reference: " + e;
+      return out;
+    }
+    reset(stream);
+    launch(stream);
+    KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
+    if (!status.ok()) {
+      out.failure = status_message("kv_cache_rope_append", status);
+      return out;
+    }
+    const int flag = read_error_flag(stream);
+    const CompareCounts zero[kServeRegions] = {};
+    upload(counts, zero, stream);
+    const int64_t Hq = sc.query_heads, H = sc.heads, D = sc.head_dim;
+    CompareCounts* c = counts.as<CompareCounts>();
+    compare_qkv<T><<<fill_blocks, 256, 0, stream>>>(
+        qkv.as<const T>(), ref_qkv.as<const T>(), (key_in_place ? ref_qkv : pristine).as<const T>(),
+        pristine.as<const T>(), tokens * width, width, Hq * D, (Hq + H) * D, 2, key_in_place ? 2 : 0, c);
+    const uint32_t pattern = sizeof(C) == 1 ? kServeCachePattern : (kServeCachePattern * 0x0101u);
+    compare_cache<C><<<fill_blocks, 256, 0, stream>>>(const_cache(key_cache), sc.page_size, H, D, slots,
+                                                      writer.as<const int>(), ref_key_rows.as<const C>(), pattern, 0,
+                                                      c + kRegionKeyRows, c + kRegionKeyOther);
+    compare_cache<C><<<fill_blocks, 256, 0, stream>>>(const_cache(value_cache), sc.page_size, H, D, slots,
+                                                      writer.as<const int>(), ref_value_rows.as<const C>(), pattern, 0,
+                                                      c + kRegionValueRows, c + kRegionValueOther);
+    KVROPE_BENCH_CUDA(cudaGetLastError());
+    CompareCounts got[kServeRegions];
+    KVROPE_BENCH_CUDA(cudaMemcpyAsync(got, c, sizeof(got), cudaMemcpyDeviceToHost, stream));
+    reset(stream);
+    KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
+
+    if (flag != 0) out.failure = "error_flag = " + std::to_string(flag) + "; ";
+    for (int r = 0; r < kServeRegions; ++r) {
+      const CompareCounts& g = got[r];
+      if (g.bad > 0) {
+        out.failure += std::string(serve_region_name(r)) + ": " + std::to_string(g.bad) + " of " +
+                       std::to_string(g.elements) + " beyond tolerance (max " + distance_text(g.max_dist) + ", first " +
+                       place_text(r, g.first_bad) + "); ";
+      } else if (g.not_exact > 0) {
+        out.note += std::string(serve_region_name(r)) + ": " + std::to_string(g.not_exact) + " of " +
+                    std::to_string(g.elements) + " not bit-exact (max " + distance_text(g.max_dist) + "); ";
+      }
+    }
+    return out;
+  }
+
+  static std::string distance_text(unsigned int d) {
+    return d == 0xFFFFFFFFu ? std::string("NaN") : std::to_string(d) + " ulp";
+  }
+
+  // Where element `i` of a region is: token, head, element (qkv), or slot, head, element (caches).
+  std::string place_text(int region, unsigned long long i) const {
+    const int64_t D = sc.head_dim, H = sc.heads, at = static_cast<int64_t>(i);
+    if (region <= kRegionV) return "token " + std::to_string(at / width) + " column " + std::to_string(at % width);
+    return "slot " + std::to_string(at / (D * H)) + " head " + std::to_string((at / D) % H) + " element " +
+           std::to_string(at % D);
+  }
+};
+
+// The case's data in `slot`, allocated anew (the previous case freed first) when the case changes.
+template <typename T, typename C>
+ServeCaseData<T, C>& acquire_serve_case(std::unique_ptr<CaseDataBase>& slot, const ServeCase& sc, const Options& opt,
+                                        int fill_blocks, cudaStream_t stream) {
+  auto* current = dynamic_cast<ServeCaseData<T, C>*>(slot.get());
+  if (current == nullptr || current->case_id != sc.id) {
+    slot.reset();
+    slot = std::make_unique<ServeCaseData<T, C>>(sc, opt, fill_blocks, stream);
+    current = static_cast<ServeCaseData<T, C>*>(slot.get());
+  }
+  return *current;
+}
+
+}  // namespace kvrope_bench

@@ -1,0 +1,136 @@
+// The cases of the serve suites (--suite=serve-decode|serve-prefill; docs/benchmarks.md, "Serve suites"):
+// generated here rather than read from a table. bench/flashinfer_compare.py builds the same cases (ids,
+// page tables, positions) with the same generator; keep the two in step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvrope_bench {
+
+enum class ServeCache { kBf16, kFp8E4m3 };
+enum class ServeLayout { kNhd, kHnd };
+
+inline const char* serve_cache_name(ServeCache c) { return c == ServeCache::kBf16 ? "bf16" : "fp8_e4m3"; }
+inline const char* serve_layout_name(ServeLayout l) { return l == ServeLayout::kNhd ? "NHD" : "HND"; }
+
+struct ServeCase {
+  int id = 0;
+  bool decode = true;
+  int64_t seqs = 0;            // sequences of the ragged batch
+  int64_t tokens_per_seq = 0;  // new tokens of each sequence (1 for decode)
+  int64_t s_max = 0;           // slots each sequence owns: s_max / page_size pages
+  int64_t query_heads = 0;     // Hq
+  int64_t heads = 0;           // H, KV heads
+  int64_t head_dim = 0;        // D = R (rotate-half over the whole head)
+  int64_t page_size = 16;
+  int64_t max_position = 0;  // rows of the fp32 table cache
+  ServeCache cache = ServeCache::kBf16;
+  ServeLayout layout = ServeLayout::kNhd;
+
+  int64_t tokens() const { return seqs * tokens_per_seq; }
+  int64_t pages_per_seq() const { return s_max / page_size; }
+  int64_t pages() const { return seqs * pages_per_seq(); }
+  int64_t cache_elem_bytes() const { return cache == ServeCache::kBf16 ? 2 : 1; }
+  // "8x512", "T=256": the shape, for tables.
+  std::string shape() const {
+    return decode ? "T=" + std::to_string(seqs) : std::to_string(seqs) + "x" + std::to_string(tokens_per_seq);
+  }
+};
+
+constexpr int64_t kServeSmax = 4096;  // a sequence's slots (prefill: at least its tokens)
+constexpr int64_t kServeDecodeBatches[] = {1, 8, 32, 128, 256, 1024};
+constexpr std::pair<int64_t, int64_t> kServePrefillShapes[] = {{8, 512}, {1, 2048}, {4, 1024}, {1, 8192}};
+constexpr int64_t kServeQueryHeads[] = {32, 64};
+// The fp8 caches' per-tensor scales (stored = fp8_satfinite(x / scale)): k and v differ, so that a swap shows.
+constexpr float kServeKeyScale = 0.0125f, kServeValueScale = 0.015f;
+
+//! Every case of a serve suite, numbered from 1: shapes in the order above, then Hq (32, 64), the cache (bf16,
+//! fp8 e4m3), the layout (NHD, HND). H = 8 and D = 128 unless heads / head_dim (> 0) override them.
+inline std::vector<ServeCase> serve_case_table(bool decode, int64_t heads = 0, int64_t head_dim = 0) {
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  if (decode) {
+    for (int64_t b : kServeDecodeBatches) shapes.emplace_back(b, 1);
+  } else {
+    for (const auto& s : kServePrefillShapes) shapes.push_back(s);
+  }
+  std::vector<ServeCase> cases;
+  for (const auto& [seqs, len] : shapes) {
+    for (int64_t hq : kServeQueryHeads) {
+      for (ServeCache cache : {ServeCache::kBf16, ServeCache::kFp8E4m3}) {
+        for (ServeLayout layout : {ServeLayout::kNhd, ServeLayout::kHnd}) {
+          ServeCase c;
+          c.id = static_cast<int>(cases.size()) + 1;
+          c.decode = decode;
+          c.seqs = seqs;
+          c.tokens_per_seq = len;
+          c.s_max = len > kServeSmax ? (len + c.page_size - 1) / c.page_size * c.page_size : kServeSmax;
+          c.query_heads = hq;
+          c.heads = heads > 0 ? heads : 8;
+          c.head_dim = head_dim > 0 ? head_dim : 128;
+          c.max_position = c.s_max;
+          c.cache = cache;
+          c.layout = layout;
+          cases.push_back(c);
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+//! Least bytes a call moves (docs/spec.md §6.5), q, k and v of 2 bytes: q read and written (2 Hq D), k and v
+//! read (2 H D), the cache rows written (2 H D in the cache's element), one fp32 row of the table cache (4 D),
+//! the position and the slot (8 + 8) a token; key_written (k rotated in place) adds H D.
+inline double serve_bytes(const ServeCase& c, bool key_written) {
+  const double hq = static_cast<double>(c.query_heads), h = static_cast<double>(c.heads);
+  const double d = static_cast<double>(c.head_dim), ce = static_cast<double>(c.cache_elem_bytes());
+  const double per_token =
+      2 * (2 * hq * d) + 2 * (2 * h * d) + ce * (2 * h * d) + 4 * d + 16 + (key_written ? 2 * h * d : 0);
+  return per_token * static_cast<double>(c.tokens());
+}
+
+//! The generator both the bench and flashinfer_compare.py use: splitmix64 steps, below(n) = next() % n.
+struct SplitMix {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  uint64_t below(uint64_t n) { return next() % n; }
+};
+
+//! A case's page table and tokens: the pages 0..pages()-1 shuffled (Fisher-Yates, a seed per shape) and
+//! dealt out in order, pages_per_seq() a sequence, so that slots do not grow with the token as a real
+//! allocator's do not; decode writes each sequence at a random length below s_max, prefill at 0..L-1.
+struct ServeTokens {
+  std::vector<int64_t> page_table;  // [seqs, pages_per_seq]
+  std::vector<int64_t> positions;   // [tokens]: the position in its sequence, also the table row
+  std::vector<int64_t> slots;       // [tokens]: page_table[b][pos / P] * P + pos % P
+};
+
+inline ServeTokens serve_tokens(const ServeCase& c, uint64_t seed) {
+  SplitMix rng{seed + 1000003ull * static_cast<uint64_t>(c.seqs) + static_cast<uint64_t>(c.tokens_per_seq)};
+  const int64_t pages = c.pages(), pps = c.pages_per_seq(), P = c.page_size;
+  ServeTokens out;
+  out.page_table.resize(static_cast<size_t>(pages));
+  for (int64_t i = 0; i < pages; ++i) out.page_table[static_cast<size_t>(i)] = i;
+  for (int64_t i = pages - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)));
+    std::swap(out.page_table[static_cast<size_t>(i)], out.page_table[static_cast<size_t>(j)]);
+  }
+  for (int64_t b = 0; b < c.seqs; ++b) {
+    for (int64_t i = 0; i < c.tokens_per_seq; ++i) {
+      const int64_t pos = c.decode ? static_cast<int64_t>(rng.below(static_cast<uint64_t>(c.s_max))) : i;
+      out.positions.push_back(pos);
+      out.slots.push_back(out.page_table[static_cast<size_t>(b * pps + pos / P)] * P + pos % P);
+    }
+  }
+  return out;
+}
+
+}  // namespace kvrope_bench

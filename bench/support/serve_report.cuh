@@ -1,0 +1,249 @@
+// The report of a serve suite (--suite=serve-decode|serve-prefill): a per-case table, the geometric and
+// arithmetic means in the other suites' line format (dev/scripts/ab_suites.sh reads "NAME geomean us = X"),
+// the suite's own lines, and the --kvrope_json file.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "json.cuh"
+#include "options.cuh"
+#include "results.cuh"
+#include "serve_cases.hpp"
+#include "stats.hpp"
+#include "summary.cuh"
+
+namespace kvrope_bench {
+
+// Cases of at least this many bytes (64 * 10^6) are bandwidth-bound; the prefill suite reports their own
+// geomean of time / floor.
+constexpr double kServeLargeBytes = 64e6;
+
+struct ServeSummary {
+  int cases = 0, checked_cases = 0;
+  std::map<ServeVariant, Means> time, event, x_floor, x_floor_empty, x_floor_large;
+  Means floor, floor_kip, naive_x_kvrope, naive_x_kip;
+  int large_cases = 0;
+  std::vector<std::string> failures;
+  // kvrope / floor by (Hq, cache, layout): which configuration lags.
+  std::map<std::string, Means> kvrope_x_floor_by_config;
+};
+
+inline std::string serve_config_name(const ServeCase& c) {
+  return "Hq " + std::to_string(c.query_heads) + " " + serve_cache_name(c.cache) + " " + serve_layout_name(c.layout);
+}
+
+inline ServeSummary summarize_serve(const Run& run) {
+  ServeSummary s;
+  const double empty = run.calibration.empty_kernel_us;
+  for (const auto& [id, cr] : run.serve_results) {
+    (void)id;
+    if (cr.variants.empty()) continue;
+    ++s.cases;
+    s.floor.add(cr.floor_us);
+    s.floor_kip.add(cr.floor_kip_us);
+    const bool large = cr.bytes >= kServeLargeBytes;
+    if (large) ++s.large_cases;
+    if (cr.checks > 0) ++s.checked_cases;
+    if (!cr.check_failure.empty()) s.failures.push_back(cr.check_failure);
+    for (const auto& [v, r] : cr.variants) {
+      const double fl = cr.floor_of(v);
+      s.time[v].add(r.median_us);
+      s.event[v].add(r.event_median_us);
+      s.x_floor[v].add(r.median_us / fl);
+      s.x_floor_empty[v].add(r.median_us / (fl + empty));
+      if (large) s.x_floor_large[v].add(r.median_us / fl);
+    }
+    const VariantResult* k = find_variant(cr, ServeVariant::kKvrope);
+    const VariantResult* kip = find_variant(cr, ServeVariant::kKvropeKeyInPlace);
+    const VariantResult* n = find_variant(cr, ServeVariant::kNaive);
+    if (k && n) s.naive_x_kvrope.add(n->median_us / k->median_us);
+    if (kip && n) s.naive_x_kip.add(n->median_us / kip->median_us);
+    if (k) s.kvrope_x_floor_by_config[serve_config_name(cr.sc)].add(k->median_us / cr.floor_us);
+  }
+  return s;
+}
+
+inline void print_serve_summary(const Run& run, const ServeSummary& s) {
+  const Options& o = run.options;
+  const bool decode = o.suite == Suite::kServeDecode;
+  const double nan = std::nan(""), empty = run.calibration.empty_kernel_us;
+  std::printf(
+      "\nkvrope_bench summary (--suite=%s): %s; bf16 q, k, v (views of one qkv), pages of 16, fp32 table cache, "
+      "q rotated in place; kvrope: k read only; kvrope_kip and naive: k rotated in place; times are CUPTI "
+      "medians in us\n",
+      suite_name(o.suite), run.device.name.c_str());
+  std::printf("%4s %8s %3s %8s %3s | %8s %8s %8s | %7s %7s %8s | %7s %7s %7s %6s%s | %8s %8s | %s\n", "case", "shape",
+              "Hq", "cache", "lay", "kvrope", "kip", "naive", "floor", "fl_kip", "MB", "k/fl", "kip/flk", "n/flk",
+              "n/k", decode ? " k/(fl+em)" : "", "k_ev", "naive_ev", "check");
+  for (const auto& [id, cr] : run.serve_results) {
+    if (cr.variants.empty()) continue;
+    const VariantResult* k = find_variant(cr, ServeVariant::kKvrope);
+    const VariantResult* kip = find_variant(cr, ServeVariant::kKvropeKeyInPlace);
+    const VariantResult* n = find_variant(cr, ServeVariant::kNaive);
+    const double kt = k ? k->median_us : nan, kipt = kip ? kip->median_us : nan, nt = n ? n->median_us : nan;
+    const char* check = cr.checks == 0 ? "-" : cr.check_failure.empty() ? "ok" : "FAILED";
+    std::printf("%4d %8s %3lld %8s %3s | %8s %8s %8s | %7s %7s %8s | %7s %7s %7s %6s%s | %8s %8s | %s\n", id,
+                cr.sc.shape().c_str(), static_cast<long long>(cr.sc.query_heads), serve_cache_name(cr.sc.cache),
+                serve_layout_name(cr.sc.layout), fmt("%.2f", kt).c_str(), fmt("%.2f", kipt).c_str(),
+                fmt("%.2f", nt).c_str(), fmt("%.2f", cr.floor_us).c_str(), fmt("%.2f", cr.floor_kip_us).c_str(),
+                fmt("%.3f", cr.bytes * 1e-6).c_str(), fmt("%.3f", kt / cr.floor_us).c_str(),
+                fmt("%.3f", kipt / cr.floor_kip_us).c_str(), fmt("%.3f", nt / cr.floor_kip_us).c_str(),
+                fmt("%.1f", nt / kt).c_str(), decode ? (" " + fmt("%9.3f", kt / (cr.floor_us + empty))).c_str() : "",
+                fmt("%.2f", k ? k->event_median_us : nan).c_str(), fmt("%.2f", n ? n->event_median_us : nan).c_str(),
+                check);
+  }
+  if (s.cases == 0) {
+    std::printf("no case ran\n");
+    return;
+  }
+  // A mean over fewer cases than ran (a variant skipped or failed somewhere) says so.
+  auto line = [&](const std::string& label, const Means& m, bool geometric, const char* f, int of) {
+    if (m.n == 0) return;
+    std::printf("%s = %s", label.c_str(), fmt(f, geometric ? m.geometric() : m.arithmetic()).c_str());
+    if (m.n != of) std::printf("   (over %d of %d cases)", m.n, of);
+    std::printf("\n");
+  };
+  const std::vector<ServeVariant> order = serve_variant_order(o);
+  auto means = [&](bool geo) {
+    const char* kind = geo ? "geomean" : "mean";
+    for (ServeVariant v : order)
+      if (s.time.count(v))
+        line(std::string(serve_variant_name(v)) + " " + kind + " us", s.time.at(v), geo, "%.2f", s.cases);
+    line(std::string("kvrope floor ") + kind + " us", s.floor, geo, "%.2f", s.cases);
+    line(std::string("kvrope_kip floor ") + kind + " us", s.floor_kip, geo, "%.2f", s.cases);
+    for (ServeVariant v : order)
+      if (s.event.count(v))
+        line(std::string(serve_variant_name(v)) + " event " + kind + " us", s.event.at(v), geo, "%.2f", s.cases);
+  };
+  std::printf(
+      "\ngeometric means over the %d case(s) that ran (CUPTI medians, us; kvrope_kip and naive against "
+      "the floor with k written):\n",
+      s.cases);
+  means(true);
+  for (ServeVariant v : order)
+    if (s.x_floor.count(v))
+      line(std::string(serve_variant_name(v)) + "/floor geomean", s.x_floor.at(v), true, "%.3f", s.cases);
+  if (decode) {
+    std::printf("time / (floor + one empty kernel, %.2f us):\n", empty);
+    for (ServeVariant v : order)
+      if (s.x_floor_empty.count(v))
+        line(std::string(serve_variant_name(v)) + "/(floor+empty) geomean", s.x_floor_empty.at(v), true, "%.3f",
+             s.cases);
+  } else {
+    std::printf("cases of 64 MB or more (%d):\n", s.large_cases);
+    for (ServeVariant v : order)
+      if (s.x_floor_large.count(v))
+        line(std::string(serve_variant_name(v)) + "/floor geomean (>= 64 MB)", s.x_floor_large.at(v), true, "%.3f",
+             s.large_cases);
+  }
+  line("naive/kvrope geomean speedup", s.naive_x_kvrope, true, "%.1f", s.cases);
+  line("naive/kvrope_kip geomean speedup", s.naive_x_kip, true, "%.1f", s.cases);
+  if (!s.kvrope_x_floor_by_config.empty()) {
+    std::printf("kvrope/floor geomean by configuration:");
+    for (const auto& [config, m] : s.kvrope_x_floor_by_config) std::printf("  %s %.3f;", config.c_str(), m.geometric());
+    std::printf("\n");
+  }
+  if (s.checked_cases == 0) {
+    std::printf("check: none (--no_check, or only the naive reference ran)\n");
+  } else if (s.failures.empty()) {
+    std::printf("check: kvrope matched the naive reference on all %d checked case(s)\n", s.checked_cases);
+  } else {
+    std::printf("check: FAILED on %zu of %d checked case(s); first: %s\n", s.failures.size(), s.checked_cases,
+                s.failures.front().c_str());
+  }
+  for (const auto& [id, cr] : run.serve_results)
+    if (!cr.check_note.empty()) std::printf("check note (within tolerance): %s\n", cr.check_note.c_str());
+  std::printf("\narithmetic means over the %d case(s) that ran (CUPTI medians, us):\n", s.cases);
+  means(false);
+}
+
+// The --kvrope_json file of a serve suite: device, config, calibration, cases[] with every per-call time,
+// geomean, arithmetic_mean.
+inline void write_serve_json(const Run& run, const ServeSummary& s, const std::string& path) {
+  const Options& o = run.options;
+  const bool decode = o.suite == Suite::kServeDecode;
+  const double empty = run.calibration.empty_kernel_us;
+  const std::vector<ServeVariant> order = serve_variant_order(o);
+  std::string variants;
+  for (ServeVariant v : order)
+    if (serve_selected(o, v))
+      variants += std::string(variants.empty() ? "" : ", ") + "\"" + serve_variant_name(v) + "\"";
+  std::string j = "{\n" + device_json(run.device);
+  j += "  \"config\": {\"suite\": " + json_string(suite_name(o.suite)) +
+       ", \"dtype\": \"bf16\", \"qkv\": \"views of one packed [T, (Hq + 2 H) D]\", \"page_size\": 16, "
+       "\"positions\": \"int64, position in the sequence\", \"table\": \"fp32 [max_position, D]\", "
+       "\"fp8_scales\": [" +
+       json_number(kServeKeyScale) + ", " + json_number(kServeValueScale) + "], \"iters\": " + std::to_string(o.iters) +
+       ", \"warmup\": " + std::to_string(o.warmup) + ", \"check\": " + json_bool(o.check) +
+       ", \"seed\": " + std::to_string(o.seed) + ", \"primer\": " + json_bool(o.primer) +
+       ", \"naive_first\": " + json_bool(o.naive_first) + ", \"flush\": \"" + (o.flush_reads ? "read" : "write") +
+       "\", \"variants\": [" + variants + "], \"clock\": " + json_string(clock_text(run)) + "},\n";
+  j += calibration_json(run.calibration);
+  j += "  \"cases\": [";
+  bool first_case = true;
+  for (const auto& [id, cr] : run.serve_results) {
+    if (cr.variants.empty()) continue;
+    const ServeCase& c = cr.sc;
+    j += first_case ? "\n" : ",\n";
+    first_case = false;
+    j += "    {\"case\": " + std::to_string(id) + ", \"shape\": " + json_string(c.shape()) +
+         ", \"seqs\": " + std::to_string(c.seqs) + ", \"tokens_per_seq\": " + std::to_string(c.tokens_per_seq) +
+         ", \"tokens\": " + std::to_string(c.tokens()) + ", \"s_max\": " + std::to_string(c.s_max) +
+         ", \"query_heads\": " + std::to_string(c.query_heads) + ", \"heads\": " + std::to_string(c.heads) +
+         ", \"head_dim\": " + std::to_string(c.head_dim) + ", \"cache\": " + json_string(serve_cache_name(c.cache)) +
+         ", \"layout\": " + json_string(serve_layout_name(c.layout)) + ", \"pages\": " + std::to_string(c.pages()) +
+         ", \"bytes\": " + json_number(cr.bytes) + ", \"bytes_key_written\": " + json_number(cr.bytes_kip) +
+         ", \"floor_us\": " + json_number(cr.floor_us) + ", \"floor_key_written_us\": " + json_number(cr.floor_kip_us) +
+         ", \"check\": " +
+         json_string(cr.checks == 0             ? "none"
+                     : cr.check_failure.empty() ? "ok"
+                                                : cr.check_failure) +
+         ",\n     \"variants\": {";
+    bool first_variant = true;
+    for (const auto& [v, r] : cr.variants) {
+      j += first_variant ? "\n" : ",\n";
+      first_variant = false;
+      const double fl = cr.floor_of(v);
+      j += std::string("       \"") + serve_variant_name(v) + "\": {" + variant_stats_json(r, cr.bytes_of(v), fl);
+      if (decode) j += ", \"x_floor_plus_empty\": " + json_number(r.median_us / (fl + empty));
+      const VariantResult* n = find_variant(cr, ServeVariant::kNaive);
+      if (v != ServeVariant::kNaive && n) j += ", \"speedup_vs_naive\": " + json_number(n->median_us / r.median_us);
+      j += variant_times_json(r);
+    }
+    j += "}}";
+  }
+  j += "\n  ],\n";
+  auto means = [&](bool geo) {
+    auto num = [&](const Means& m) { return json_number(geo ? m.geometric() : m.arithmetic()); };
+    std::string m = "{\"cases\": " + std::to_string(s.cases);
+    for (ServeVariant v : order) {
+      const std::string name = serve_variant_name(v);
+      if (s.time.count(v)) m += ", \"" + name + "_us\": " + num(s.time.at(v));
+      if (s.event.count(v)) m += ", \"" + name + "_event_us\": " + num(s.event.at(v));
+    }
+    m += ", \"floor_us\": " + num(s.floor) + ", \"floor_key_written_us\": " + num(s.floor_kip);
+    if (geo) {
+      for (ServeVariant v : order) {
+        const std::string name = serve_variant_name(v);
+        if (s.x_floor.count(v)) m += ", \"" + name + "_over_floor\": " + num(s.x_floor.at(v));
+        if (decode && s.x_floor_empty.count(v))
+          m += ", \"" + name + "_over_floor_plus_empty\": " + num(s.x_floor_empty.at(v));
+        if (!decode && s.x_floor_large.count(v))
+          m += ", \"" + name + "_over_floor_64MB_or_more\": " + num(s.x_floor_large.at(v));
+      }
+      m += ", \"naive_over_kvrope\": " + num(s.naive_x_kvrope) + ", \"naive_over_kvrope_kip\": " + num(s.naive_x_kip);
+    }
+    return m + "}";
+  };
+  j += "  \"geomean\": " + means(true) + ",\n";
+  j += "  \"arithmetic_mean\": " + means(false) + ",\n";
+  j += "  \"check_failures\": " + std::to_string(s.failures.size()) + "\n}\n";
+  write_text_file(path, j);
+}
+
+}  // namespace kvrope_bench
