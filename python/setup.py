@@ -3,7 +3,7 @@
     TORCH_CUDA_ARCH_LIST="9.0" python3 -m pip install --no-build-isolation --no-deps python/
 
 torch.utils.cpp_extension (rather than scikit-build-core over the CMake package): the extension is
-seven source files against torch's own headers and flags, so torch's builder is the shortest path,
+ten source files against torch's own headers and flags, so torch's builder is the shortest path,
 and it refuses an nvcc whose major version differs from torch's CUDA, which is the check we want.
 Without TORCH_CUDA_ARCH_LIST the project's default architectures are built (sm_90 and sm_100a)."""
 import os
@@ -18,13 +18,14 @@ os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0;10.0a")
 setup(
     name="kvrope_torch",
     version="0.1.0",
-    description="kvrope's fused KV-cache update with RoPE, and its backward, as PyTorch custom ops",
+    description="kvrope's fused KV-cache update with RoPE, its backward and the serving forward, as PyTorch custom ops",
     packages=["kvrope_torch"],
     ext_modules=[
         CUDAExtension(
             "kvrope_torch._C",
             # The CUDA files first: the longest compiles start first, the C++ files fill the tail.
-            ["csrc/launch_bf16.cu", "csrc/launch_fp16.cu", "csrc/launch_fp32.cu", "csrc/python.cpp", "csrc/ops.cpp",
+            ["csrc/launch_append_bf16.cu", "csrc/launch_append_fp16.cu", "csrc/launch_append_fp32.cu",
+             "csrc/launch_bf16.cu", "csrc/launch_fp16.cu", "csrc/launch_fp32.cu", "csrc/python.cpp", "csrc/ops.cpp",
              "csrc/checks.cpp", "csrc/ops_cuda.cpp"],
             include_dirs=[include],
             extra_compile_args={"cxx": ["-O3", "-std=c++17"], "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]},

@@ -5,7 +5,9 @@
 #include <ATen/ATen.h>
 
 #include <array>
+#include <cfloat>
 #include <string>
+#include <vector>
 
 #include "ops.h"
 
@@ -27,14 +29,18 @@ struct Like {
   const at::Tensor& x;
 };
 
+void check_last_dim(const char* name, const at::Tensor& x) {
+  TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, "kvrope: ", name,
+                    "'s last dim must be contiguous (stride 1), not ", std::to_string(x.stride(-1)));
+}
+
 void check_rows(const char* name, const at::Tensor& x, const Like& like, at::IntArrayRef shape) {
   TORCH_CHECK_VALUE(x.device() == like.x.device(), "kvrope: ", name, " is on ", x.device().str(), ", ", like.name,
                     " on ", like.x.device().str());
   TORCH_CHECK_TYPE(x.scalar_type() == like.x.scalar_type(), "kvrope: ", name, " is ", c10::toString(x.scalar_type()),
                    ", ", like.name, " ", c10::toString(like.x.scalar_type()), ": every float tensor has one dtype");
   TORCH_CHECK_VALUE(x.sizes() == shape, "kvrope: ", name, " has shape ", dims(x.sizes()), ", expected ", dims(shape));
-  TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, "kvrope: ", name,
-                    "'s last dim must be contiguous (stride 1), not ", std::to_string(x.stride(-1)));
+  check_last_dim(name, x);
 }
 
 // Positions [S], or also [B, S] where batch > 0.
@@ -51,16 +57,16 @@ void check_positions(const char* name, const at::Tensor& p, const Like& like, in
   TORCH_CHECK_VALUE(p.numel() == 0 || p.stride(-1) == 1, "kvrope: ", name, " must be contiguous");
 }
 
-// The call's first tensor of head rows [layout]: 4-d, a supported dtype on its device, D even, the last
-// dim contiguous (kvrope's HeadRows has no stride for it).
-void check_first_rows(const char* name, const at::Tensor& x, const char* layout) {
-  TORCH_CHECK_VALUE(x.dim() == 4, "kvrope: ", name, " must be [", layout, "], got ", dims(x.sizes()));
+// The call's first tensor of head rows [layout] (`rank` dims): a supported dtype on its device, D even,
+// the last dim contiguous (kvrope's row structs have no stride for it).
+void check_first_rows(const char* name, const at::Tensor& x, const char* layout, int64_t rank = 4) {
+  TORCH_CHECK_VALUE(x.dim() == rank, "kvrope: ", name, " must be [", layout, "], got ", dims(x.sizes()));
   const auto t = x.scalar_type();
   const bool ok = t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || (!x.is_cuda() && t == at::kDouble);
   TORCH_CHECK_TYPE(ok, "kvrope: ", c10::DeviceTypeName(x.device().type(), /*lower_case=*/true),
                    " tensors must be bfloat16, float16, float32", x.is_cuda() ? "" : " or float64", ", not ",
                    c10::toString(t));
-  TORCH_CHECK_VALUE(x.size(3) % 2 == 0, "kvrope: head_dim must be even, not ", std::to_string(x.size(3)));
+  TORCH_CHECK_VALUE(x.size(-1) % 2 == 0, "kvrope: head_dim must be even, not ", std::to_string(x.size(-1)));
   TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, "kvrope: ", name,
                     "'s last dim must be contiguous (stride 1), not ", std::to_string(x.stride(-1)));
 }
@@ -93,7 +99,131 @@ int64_t rotation_of(int64_t given, int64_t style, int64_t r, int64_t d) {
   return r == d ? 0 : r;
 }
 
+// A table cache [max_pos, R] on `like`'s device, in its dtype or fp32, contiguous; returns R.
+int64_t check_table_cache(const at::Tensor& c, const Like& like, int64_t d) {
+  TORCH_CHECK_VALUE(c.dim() == 2 && c.size(1) % 2 == 0 && c.size(1) > 0 && c.size(1) <= d,
+                    "kvrope: cos_sin_cache must be [max_pos, R] with R even in (0, D=", std::to_string(d), "], got ",
+                    dims(c.sizes()));
+  TORCH_CHECK_TYPE(
+      (c.scalar_type() == like.x.scalar_type() || c.scalar_type() == at::kFloat) && c.device() == like.x.device(),
+      "kvrope: cos_sin_cache must be on ", like.name, "'s device, in its dtype or float32");
+  TORCH_CHECK_VALUE(c.is_contiguous(), "kvrope: cos_sin_cache must be contiguous");
+  return c.size(1);
+}
+
+void check_on_device(const char* name, const at::Tensor& x, const Like& like) {
+  TORCH_CHECK_VALUE(x.device() == like.x.device(), "kvrope: ", name, " is on ", x.device().str(), ", ", like.name,
+                    " on ", like.x.device().str());
+}
+
+// The caches' element type from key_cache's dtype and kv_cache_dtype ("auto": the tensor's dtype says;
+// uint8, vLLM's fp8 storage, needs the format named).
+CacheType cache_type_of(const at::Tensor& cache, at::ScalarType t, const std::string& kind) {
+  TORCH_CHECK_VALUE(kind == "auto" || kind == "fp8" || kind == "fp8_e4m3" || kind == "fp8_e5m2",
+                    "kvrope: kv_cache_dtype must be 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2', not '", kind, "'");
+  const bool e4m3 = kind == "fp8" || kind == "fp8_e4m3", e5m2 = kind == "fp8_e5m2";
+  const auto c = cache.scalar_type();
+  if (c == at::kByte) {
+    TORCH_CHECK_VALUE(e4m3 || e5m2,
+                      "kvrope: a uint8 cache needs kv_cache_dtype 'fp8', 'fp8_e4m3' or 'fp8_e5m2', not 'auto'");
+    return e4m3 ? CacheType::kFp8E4m3 : CacheType::kFp8E5m2;
+  }
+  const bool known = c == t || c == at::kFloat8_e4m3fn || c == at::kFloat8_e5m2;
+  TORCH_CHECK_TYPE(known, "kvrope: key_cache must be key's dtype (", c10::toString(t),
+                   "), float8_e4m3fn, float8_e5m2 or uint8, not ", c10::toString(c));
+  const CacheType type = c == t                    ? CacheType::kSame
+                         : c == at::kFloat8_e4m3fn ? CacheType::kFp8E4m3
+                                                   : CacheType::kFp8E5m2;
+  const bool agrees = kind == "auto" || (type == CacheType::kFp8E4m3 && e4m3) || (type == CacheType::kFp8E5m2 && e5m2);
+  TORCH_CHECK_TYPE(agrees, "kvrope: kv_cache_dtype '", kind, "' does not match key_cache's dtype ", c10::toString(c));
+  return type;
+}
+
+// A per-tensor scale (one element) or per-head scales [H] of an fp8 cache, float32; true when per head.
+bool check_scale(const char* name, const at::Tensor& s, const Like& like, int64_t h, CacheType cache) {
+  TORCH_CHECK_VALUE(cache != CacheType::kSame, "kvrope: ", name, " needs an fp8 cache");
+  TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "kvrope: ", name, " must be float32, not ",
+                   c10::toString(s.scalar_type()));
+  check_on_device(name, s, like);
+  const bool one = s.dim() <= 1 && s.numel() == 1, per_head = s.dim() == 1 && s.size(0) == h;
+  TORCH_CHECK_VALUE(one || per_head, "kvrope: ", name, " must have one element or shape [H] (H=", std::to_string(h),
+                    "), got ", dims(s.sizes()));
+  TORCH_CHECK_VALUE(s.is_contiguous(), "kvrope: ", name, " must be contiguous");
+  return !one;
+}
+
+void check_error_flag(const c10::optional<at::Tensor>& flag, const Like& like) {
+  if (!flag.has_value()) return;
+  const at::Tensor& f = *flag;
+  TORCH_CHECK_VALUE(f.scalar_type() == at::kInt && f.numel() == 1 && f.device() == like.x.device(),
+                    "kvrope: error_flag must be an int32 tensor of one element on ", like.name, "'s device");
+}
+
 }  // namespace
+
+CacheType check_append(AppendTensors& t) {
+  check_first_rows("key", t.key, "T, H, D", 3);
+  const Like k{"key", t.key};
+  const int64_t n = t.key.size(0), h = t.key.size(1), d = t.key.size(2);
+  const std::array<int64_t, 3> token_rows{n, h, d};
+  check_rows("value", t.value, k, token_rows);
+  if (t.query.has_value()) {
+    const at::Tensor& q = *t.query;
+    TORCH_CHECK_VALUE(q.dim() == 3 && q.size(0) == n && q.size(2) == d,
+                      "kvrope: query must be [T, Hq, D] with T=", std::to_string(n), ", D=", std::to_string(d),
+                      ", got ", dims(q.sizes()));
+    check_rows("query", q, k, q.sizes());
+    if (t.query_out.has_value()) check_rows("query_out", *t.query_out, k, q.sizes());
+  } else {
+    TORCH_CHECK_VALUE(!t.query_out.has_value(), "kvrope: query_out needs query");
+    TORCH_CHECK_VALUE(!t.query_norm_weight.has_value(), "kvrope: query_norm_weight needs query");
+  }
+  if (t.key_out.has_value()) {
+    TORCH_CHECK_VALUE(!t.key_in_place, "kvrope: key_in_place and key_out exclude each other");
+    check_rows("key_out", *t.key_out, k, token_rows);
+  }
+  check_positions("positions", t.positions, k, n);
+  const at::Tensor& slots = t.slot_mapping;
+  check_on_device("slot_mapping", slots, k);
+  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, "kvrope: slot_mapping must be int64, not ",
+                   c10::toString(slots.scalar_type()));
+  TORCH_CHECK_VALUE(slots.dim() == 1 && slots.size(0) == n, "kvrope: slot_mapping has shape ", dims(slots.sizes()),
+                    ", expected [", std::to_string(n), "]");
+  TORCH_CHECK_VALUE(slots.is_contiguous(), "kvrope: slot_mapping must be contiguous");
+  const int64_t r = check_table_cache(t.cos_sin_cache, k, d);
+  // The caches: [pages, P, H, D] or [slots, H, D], one shape and dtype, strides their own.
+  const at::Tensor& kc = t.key_cache;
+  TORCH_CHECK_VALUE(kc.dim() == 4 || kc.dim() == 3, "kvrope: key_cache must be [pages, P, H, D] or [slots, H, D], got ",
+                    dims(kc.sizes()));
+  std::vector<int64_t> cache_shape(kc.sizes().begin(), kc.sizes().end());
+  cache_shape[kc.dim() - 2] = h;
+  cache_shape[kc.dim() - 1] = d;
+  check_on_device("key_cache", kc, k);
+  TORCH_CHECK_VALUE(kc.sizes() == at::IntArrayRef(cache_shape), "kvrope: key_cache has shape ", dims(kc.sizes()),
+                    ", expected ", dims(cache_shape), " (an HND cache [pages, H, P, D] as its transpose(1, 2))");
+  const CacheType cache = cache_type_of(kc, t.key.scalar_type(), t.kv_cache_dtype);
+  check_on_device("value_cache", t.value_cache, k);
+  TORCH_CHECK_TYPE(t.value_cache.scalar_type() == kc.scalar_type(), "kvrope: value_cache is ",
+                   c10::toString(t.value_cache.scalar_type()), ", key_cache ", c10::toString(kc.scalar_type()),
+                   ": the caches have one dtype");
+  TORCH_CHECK_VALUE(t.value_cache.sizes() == kc.sizes(), "kvrope: value_cache has shape ", dims(t.value_cache.sizes()),
+                    ", expected ", dims(kc.sizes()));
+  check_last_dim("key_cache", kc);
+  check_last_dim("value_cache", t.value_cache);
+  bool per_head[2] = {false, false};
+  if (t.k_scale.has_value()) per_head[0] = check_scale("k_scale", *t.k_scale, k, h, cache);
+  if (t.v_scale.has_value()) per_head[1] = check_scale("v_scale", *t.v_scale, k, h, cache);
+  TORCH_CHECK_VALUE(!(t.k_scale.has_value() && t.v_scale.has_value()) || per_head[0] == per_head[1],
+                    "kvrope: k_scale and v_scale must both be per-tensor or both per-head");
+  const std::array<int64_t, 1> weight{d};
+  if (t.query_norm_weight.has_value()) check_rows("query_norm_weight", *t.query_norm_weight, k, weight);
+  if (t.key_norm_weight.has_value()) check_rows("key_norm_weight", *t.key_norm_weight, k, weight);
+  TORCH_CHECK_VALUE(t.norm_eps >= 0.0 && t.norm_eps <= FLT_MAX, "kvrope: norm_eps must be a non-negative number, not ",
+                    std::to_string(t.norm_eps));
+  check_error_flag(t.error_flag, k);
+  t.rotary_dim = rotation_of(t.rotary_dim, t.style, r, d);
+  return cache;
+}
 
 int64_t check_forward(const ForwardTensors& t) {
   check_first_rows("key_states", t.key_states, "B, H, S, D");

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <kvrope/append_params.cuh>
 #include <kvrope/backward_params.cuh>
 #include <kvrope/core/dtype.cuh>
 #include <kvrope/core/status.cuh>
@@ -18,6 +19,8 @@ template <typename T, typename Pos>
 kvrope::Status launch_backward(const kvrope::BackwardParams<T, Pos>& p, cudaStream_t stream);
 template <typename T, typename Pos>
 kvrope::Status launch_backward(const kvrope::BackwardInPlaceParams<T, Pos>& p, cudaStream_t stream);
+template <typename T, typename C, typename Pos>
+kvrope::Status launch_append(const kvrope::AppendParams<T, C, Pos>& p, cudaStream_t stream);
 
 }  // namespace kvrope_torch
 
@@ -30,3 +33,14 @@ kvrope::Status launch_backward(const kvrope::BackwardInPlaceParams<T, Pos>& p, c
   template kvrope::Status kvrope_torch::launch_backward(const kvrope::BackwardInPlaceParams<T, int64_t>&,         \
                                                         cudaStream_t);                                            \
   template kvrope::Status kvrope_torch::launch_backward(const kvrope::BackwardInPlaceParams<T, int32_t>&, cudaStream_t)
+
+#define KVROPE_TORCH_APPEND_LAUNCHER(T, C)                                                                       \
+  template kvrope::Status kvrope_torch::launch_append(const kvrope::AppendParams<T, C, int64_t>&, cudaStream_t); \
+  template kvrope::Status kvrope_torch::launch_append(const kvrope::AppendParams<T, C, int32_t>&, cudaStream_t)
+
+//! The append launchers of element type T for its three cache types and both position types, in a
+//! CUDA file of their own a dtype (launch_append_*.cu), so that they compile beside the others.
+#define KVROPE_TORCH_APPEND_LAUNCHERS(T)          \
+  KVROPE_TORCH_APPEND_LAUNCHER(T, T);             \
+  KVROPE_TORCH_APPEND_LAUNCHER(T, __nv_fp8_e4m3); \
+  KVROPE_TORCH_APPEND_LAUNCHER(T, __nv_fp8_e5m2)

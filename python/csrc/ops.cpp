@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <string>
 
 #include "ops.h"
 
@@ -57,6 +58,46 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cuda_functional(
   t.key_out = at::empty_like(key_states);
   run_forward(t);
   return {t.key_cache, t.value_cache, *t.key_out};
+}
+
+// kvrope::rope_append_ on CUDA: checks (checks.cpp), then the launch for q's dtype and the caches' type.
+void append_inplace_cuda(const c10::optional<at::Tensor>& query, const at::Tensor& key, const at::Tensor& value,
+                         const at::Tensor& positions, const at::Tensor& cos_sin_cache, const at::Tensor& key_cache,
+                         const at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                         const c10::optional<at::Tensor>& query_out, const c10::optional<at::Tensor>& key_out,
+                         bool key_in_place, const c10::optional<at::Tensor>& query_norm_weight,
+                         const c10::optional<at::Tensor>& key_norm_weight, double norm_eps, bool norm_weight_plus_one,
+                         c10::string_view kv_cache_dtype, const c10::optional<at::Tensor>& k_scale,
+                         const c10::optional<at::Tensor>& v_scale, const c10::optional<at::Tensor>& error_flag,
+                         int64_t rotary_dim, int64_t style) {
+  AppendTensors t;
+  t.query = query;
+  t.key = key;
+  t.value = value;
+  t.positions = positions;
+  t.cos_sin_cache = cos_sin_cache;
+  t.key_cache = key_cache;
+  t.value_cache = value_cache;
+  t.slot_mapping = slot_mapping;
+  t.query_out = query_out;
+  t.key_out = key_out;
+  t.key_in_place = key_in_place;
+  t.query_norm_weight = query_norm_weight;
+  t.key_norm_weight = key_norm_weight;
+  t.norm_eps = norm_eps;
+  t.norm_weight_plus_one = norm_weight_plus_one;
+  t.kv_cache_dtype = std::string(kv_cache_dtype);
+  t.k_scale = k_scale;
+  t.v_scale = v_scale;
+  t.error_flag = error_flag;
+  t.rotary_dim = rotary_dim;
+  t.style = style;
+  const CacheType cache = check_append(t);
+  switch (t.key.scalar_type()) {
+    case at::kBFloat16: return append_cuda<DType::kBf16>(t, cache);
+    case at::kHalf: return append_cuda<DType::kFp16>(t, cache);
+    default: return append_cuda<DType::kFp32>(t, cache);  // (check_append allows these three)
+  }
 }
 
 // A contiguous tensor of `sizes` like `like` (a CUDA tensor), allocated without a trip through the
@@ -158,6 +199,30 @@ void forward_inplace_versions(c10::DispatchKeySet keys, const at::Tensor& key_st
   bump(error_flag);
 }
 
+void append_inplace_versions(c10::DispatchKeySet keys, const c10::optional<at::Tensor>& query, const at::Tensor& key,
+                             const at::Tensor& value, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
+                             const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                             const c10::optional<at::Tensor>& query_out, const c10::optional<at::Tensor>& key_out,
+                             bool key_in_place, const c10::optional<at::Tensor>& query_norm_weight,
+                             const c10::optional<at::Tensor>& key_norm_weight, double norm_eps,
+                             bool norm_weight_plus_one, c10::string_view kv_cache_dtype,
+                             const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
+                             const c10::optional<at::Tensor>& error_flag, int64_t rotary_dim, int64_t style) {
+  static const auto op = typed_op<decltype(append_inplace_cuda)>("kvrope::rope_append_");
+  {
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatch(keys & c10::after_ADInplaceOrView_keyset, query, key, value, positions, cos_sin_cache, key_cache,
+                  value_cache, slot_mapping, query_out, key_out, key_in_place, query_norm_weight, key_norm_weight,
+                  norm_eps, norm_weight_plus_one, kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style);
+  }
+  bump(key_cache);
+  bump(value_cache);
+  bump(query_out.has_value() ? query_out : query);
+  bump(key_out);
+  if (key_in_place) bump(key);
+  bump(error_flag);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_inplace_versions(
     c10::DispatchKeySet keys, const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache,
     const c10::optional<at::Tensor>& key_states, const at::Tensor& cos, const at::Tensor& sin,
@@ -197,9 +262,19 @@ TORCH_LIBRARY(kvrope, m) {
       "backward_(Tensor(a!) grad_key_cache, Tensor(b!) grad_value_cache, Tensor? key_states, Tensor cos, "
       "Tensor sin, Tensor cache_position, int rotary_dim=0, int style=0, bool table_grads=True) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
+  // The serving forward (docs/spec.md §6): q (in place, or into query_out) and k (into key_out, or in
+  // place with key_in_place) optionally normed and rotated; RoPE(k) and v into the caches' slots.
+  m.def(
+      "rope_append_(Tensor(a!)? query, Tensor(b!) key, Tensor value, Tensor positions, Tensor cos_sin_cache, "
+      "Tensor(c!) key_cache, Tensor(d!) value_cache, Tensor slot_mapping, Tensor(e!)? query_out=None, "
+      "Tensor(f!)? key_out=None, bool key_in_place=False, Tensor? query_norm_weight=None, "
+      "Tensor? key_norm_weight=None, float norm_eps=1e-06, bool norm_weight_plus_one=False, "
+      "str kv_cache_dtype=\"auto\", Tensor? k_scale=None, Tensor? v_scale=None, Tensor(g!)? error_flag=None, "
+      "int rotary_dim=0, int style=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvrope, ADInplaceOrView, m) {
+  m.impl("rope_append_", &append_inplace_versions);
   m.impl("forward_", &forward_inplace_versions);
   m.impl("backward_", &backward_inplace_versions);
 }
@@ -209,6 +284,7 @@ TORCH_LIBRARY_IMPL(kvrope, CUDA, m) {
   m.impl("forward_", &forward_inplace_cuda);
   m.impl("backward", &backward_cuda_functional);
   m.impl("backward_", &backward_cuda_inplace);
+  m.impl("rope_append_", &append_inplace_cuda);
 }
 
 }  // namespace kvrope_torch

@@ -6,6 +6,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Optional.h>
 
+#include <string>
+
 namespace kvrope_torch {
 
 //! The dispatcher's handle of op `name` ("kvrope::backward"), typed by its C++ signature.
@@ -30,6 +32,23 @@ struct BackwardTensors {
   int64_t rotary_dim = 0, style = 0;
 };
 
+//! kvrope::rope_append_ (the serving forward, docs/spec.md §6): q [T, Hq, D] and k [T, H, D] optionally
+//! RMS-normed and rotated (q in place or into query_out; k into key_out, or in place with key_in_place),
+//! RoPE(k) and v written to the caches' rows of slot_mapping, quantized for fp8 caches. A cache is
+//! [pages, P, H, D] by its strides (NHD, or HND as its transpose(1, 2) view) or flat [slots, H, D].
+struct AppendTensors {
+  c10::optional<at::Tensor> query;
+  at::Tensor key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping;
+  c10::optional<at::Tensor> query_out, key_out, query_norm_weight, key_norm_weight, k_scale, v_scale, error_flag;
+  bool key_in_place = false, norm_weight_plus_one = false;
+  double norm_eps = 1e-6;
+  std::string kv_cache_dtype = "auto";
+  int64_t rotary_dim = 0, style = 0;
+};
+
+//! The element type of a call's caches: q's dtype, or fp8 (a float8 tensor, or uint8 named by kv_cache_dtype).
+enum class CacheType : int { kSame, kFp8E4m3, kFp8E5m2 };
+
 //! The CUDA forward's checks (every tensor of `t`, rotary_dim, style); returns kvrope's rotary_dim (the
 //! tables' R; 0 for R = D).
 int64_t check_forward(const ForwardTensors& t);
@@ -38,11 +57,16 @@ int64_t check_backward(const at::Tensor& grad_key_cache, const at::Tensor& grad_
                        const c10::optional<at::Tensor>& key_states, const at::Tensor& cos, const at::Tensor& sin,
                        const at::Tensor& cache_position, int64_t rotary_dim, int64_t style, bool table_grads);
 
+//! The CUDA serving forward's checks; returns the caches' type and sets t.rotary_dim to kvrope's.
+CacheType check_append(AppendTensors& t);
+
 enum class DType : int { kBf16, kFp16, kFp32 };
 
 template <DType kDType>
 void forward_cuda(const ForwardTensors& t);
 template <DType kDType>
 void backward_cuda(const BackwardTensors& t);
+template <DType kDType>
+void append_cuda(const AppendTensors& t, CacheType cache);
 
 }  // namespace kvrope_torch

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <map>
 #include <mutex>
@@ -135,6 +136,90 @@ void backward_typed(const BackwardTensors& t, cudaStream_t stream) {
   }
 }
 
+template <typename T>
+kvrope::TokenHeads<T> token_heads(const at::Tensor& x) {  // [T, H, D], last dim contiguous (checks.cpp)
+  return {reinterpret_cast<T*>(x.data_ptr()), x.stride(0), x.stride(1)};
+}
+template <typename T>
+kvrope::TokenHeads<T> token_heads(const c10::optional<at::Tensor>& x) {
+  return x.has_value() && x->defined() ? token_heads<T>(*x) : kvrope::TokenHeads<T>{};
+}
+// [pages, P, H, D] by its strides, or flat [slots, H, D] (pages of one slot).
+template <typename C>
+kvrope::PagedCache<C> paged_cache(const at::Tensor& c) {
+  C* data = reinterpret_cast<C*>(c.data_ptr());
+  if (c.dim() == 3) return {data, c.stride(0), c.stride(0), c.stride(1)};
+  return {data, c.stride(0), c.stride(1), c.stride(2)};
+}
+template <typename T>
+const T* data_or_null(const c10::optional<at::Tensor>& x) {
+  return x.has_value() && x->defined() ? reinterpret_cast<const T*>(x->data_ptr()) : nullptr;
+}
+
+template <typename T, typename C, typename Pos>
+void append_typed(const AppendTensors& t, cudaStream_t stream) {
+  kvrope::AppendParams<T, C, Pos> p;
+  p.tokens = t.key.size(0);
+  p.heads = t.key.size(1);
+  p.head_dim = t.key.size(2);
+  p.rotary_dim = t.rotary_dim;
+  p.style = t.style == 0 ? kvrope::RotaryStyle::kRotateHalf : kvrope::RotaryStyle::kInterleaved;
+  if (t.query.has_value() && t.query->defined()) {
+    p.query_heads = t.query->size(1);
+    p.query = token_heads<T>(t.query);
+    p.query_out = token_heads<T>(t.query_out);
+  }
+  p.key = token_heads<T>(t.key);
+  p.key_out = token_heads<T>(t.key_out);
+  p.key_in_place = t.key_in_place;
+  p.value = token_heads<const T>(t.value);
+  p.positions = t.positions.data_ptr<Pos>();
+  const at::Tensor& table = t.cos_sin_cache;
+  if (table.scalar_type() == at::kFloat && !std::is_same_v<T, float>)
+    p.cos_sin_cache_f32 = table.data_ptr<float>();
+  else
+    p.cos_sin_cache = reinterpret_cast<const T*>(table.data_ptr());
+  p.max_position = table.size(0);
+  p.query_norm_weight = data_or_null<T>(t.query_norm_weight);
+  p.key_norm_weight = data_or_null<T>(t.key_norm_weight);
+  p.norm_eps = static_cast<float>(t.norm_eps);
+  p.norm_weight_plus_one = t.norm_weight_plus_one;
+  p.key_cache = paged_cache<C>(t.key_cache);
+  p.value_cache = paged_cache<C>(t.value_cache);
+  p.page_size = t.key_cache.dim() == 3 ? 1 : t.key_cache.size(1);
+  p.num_pages = t.key_cache.size(0);
+  p.slot_mapping = t.slot_mapping.data_ptr<int64_t>();
+  p.key_scale = data_or_null<float>(t.k_scale);
+  p.value_scale = data_or_null<float>(t.v_scale);
+  const int64_t h = p.heads;
+  auto per_head = [h](const c10::optional<at::Tensor>& s) {
+    return s.has_value() && s->dim() == 1 && h > 1 && s->size(0) == h;
+  };
+  p.scale_per_head = per_head(t.k_scale) || per_head(t.v_scale);
+  p.error_flag = flag_ptr(t.error_flag);
+  check(launch_append(p, stream), "kvrope.rope_append_");
+}
+
+template <typename T, typename C>
+void append_positions(const AppendTensors& t, cudaStream_t stream) {
+  if (t.positions.scalar_type() == at::kLong)
+    append_typed<T, C, int64_t>(t, stream);
+  else
+    append_typed<T, C, int32_t>(t, stream);
+}
+
+template <DType kDType>
+void append_cuda(const AppendTensors& t, CacheType cache) {
+  using T = Elem<kDType>;
+  const c10::cuda::CUDAGuard guard(t.key.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  switch (cache) {
+    case CacheType::kSame: return append_positions<T, T>(t, stream);
+    case CacheType::kFp8E4m3: return append_positions<T, __nv_fp8_e4m3>(t, stream);
+    case CacheType::kFp8E5m2: return append_positions<T, __nv_fp8_e5m2>(t, stream);
+  }
+}
+
 template <DType kDType>
 void forward_cuda(const ForwardTensors& t) {
   const c10::cuda::CUDAGuard guard(t.key_states.device());
@@ -161,5 +246,8 @@ template void forward_cuda<DType::kFp32>(const ForwardTensors&);
 template void backward_cuda<DType::kBf16>(const BackwardTensors&);
 template void backward_cuda<DType::kFp16>(const BackwardTensors&);
 template void backward_cuda<DType::kFp32>(const BackwardTensors&);
+template void append_cuda<DType::kBf16>(const AppendTensors&, CacheType);
+template void append_cuda<DType::kFp16>(const AppendTensors&, CacheType);
+template void append_cuda<DType::kFp32>(const AppendTensors&, CacheType);
 
 }  // namespace kvrope_torch

@@ -6,9 +6,10 @@
 // subclass, torch.compile's tracing) the API sends through torch.ops instead.
 //
 // Arguments in the schema's order, all positional: a tensor, None for an absent optional one, an int,
-// a bool; anything else raises TypeError naming the argument. As torch.ops does, a call releases the GIL
-// while the op runs (its Python kernels take it back), and the op's C++ warnings become Python warnings
-// before any output is wrapped (a warning that the filters turn into an error then leaks nothing).
+// a bool, a float, a str; anything else raises TypeError naming the argument. As torch.ops does, a call
+// releases the GIL while the op runs (its Python kernels take it back), and the op's C++ warnings become
+// Python warnings before any output is wrapped (a warning that the filters turn into an error then
+// leaks nothing).
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/object_ptr.h>
@@ -49,6 +50,19 @@ class Args {
   bool flag(int i, const char* name) const {
     if (!PyBool_Check(args_[i])) fail(i, name, "a bool");
     return args_[i] == Py_True;
+  }
+  double real(int i, const char* name) const {  // a float or an int, as torch.ops takes a schema's float
+    if (!PyFloat_Check(args_[i]) && (!PyLong_Check(args_[i]) || PyBool_Check(args_[i]))) fail(i, name, "a float");
+    const double v = PyFloat_AsDouble(args_[i]);
+    if (v == -1.0 && PyErr_Occurred()) throw python_error();
+    return v;
+  }
+  std::string text(int i, const char* name) const {
+    if (!PyUnicode_Check(args_[i])) fail(i, name, "a str");
+    Py_ssize_t size = 0;
+    const char* data = PyUnicode_AsUTF8AndSize(args_[i], &size);
+    if (data == nullptr) throw python_error();
+    return std::string(data, static_cast<size_t>(size));
   }
 
  private:
@@ -99,6 +113,10 @@ using ForwardSig = Tensors3(const Tensor&, const Tensor&, const Tensor&, const T
 using ForwardInPlaceSig = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                const Optional&, const Optional&, const Optional&, const Optional&, const Optional&,
                                const Optional&, const Optional&, const Optional&, int64_t, int64_t);
+using AppendSig = void(const Optional&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       const Tensor&, const Tensor&, const Optional&, const Optional&, bool, const Optional&,
+                       const Optional&, double, bool, c10::string_view, const Optional&, const Optional&,
+                       const Optional&, int64_t, int64_t);
 template <typename Out>
 using BackwardSig = Out(const Tensor&, const Tensor&, const Optional&, const Tensor&, const Tensor&, const Tensor&,
                         int64_t, int64_t, bool);
@@ -122,6 +140,21 @@ PyObject* forward_(PyObject*, PyObject* const* args, Py_ssize_t n) {
       a.optional(7, "cos_sin_cache"), a.optional(8, "position_ids"), a.optional(9, "query"),
       a.optional(10, "query_out"), a.optional(11, "key_out"), a.optional(12, "error_flag"), a.integer(13, "rotary_dim"),
       a.integer(14, "style"));
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* rope_append_(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  static const auto call = typed_op<AppendSig>("kvrope::rope_append_");
+  const Args a("kvrope.rope_append_", args, n, 21);
+  const std::string kv_cache_dtype = a.text(15, "kv_cache_dtype");
+  run(call, a.optional(0, "query"), a.tensor(1, "key"), a.tensor(2, "value"), a.tensor(3, "positions"),
+      a.tensor(4, "cos_sin_cache"), a.tensor(5, "key_cache"), a.tensor(6, "value_cache"), a.tensor(7, "slot_mapping"),
+      a.optional(8, "query_out"), a.optional(9, "key_out"), a.flag(10, "key_in_place"),
+      a.optional(11, "query_norm_weight"), a.optional(12, "key_norm_weight"), a.real(13, "norm_eps"),
+      a.flag(14, "norm_weight_plus_one"), c10::string_view(kv_cache_dtype), a.optional(16, "k_scale"),
+      a.optional(17, "v_scale"), a.optional(18, "error_flag"), a.integer(19, "rotary_dim"), a.integer(20, "style"));
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -153,6 +186,7 @@ PyMethodDef methods[] = {
     {"forward_", KVROPE_FASTCALL(forward_), METH_FASTCALL, "kvrope::forward_ through the dispatcher"},
     {"backward", KVROPE_FASTCALL(backward), METH_FASTCALL, "kvrope::backward through the dispatcher"},
     {"backward_", KVROPE_FASTCALL(backward_), METH_FASTCALL, "kvrope::backward_ through the dispatcher"},
+    {"rope_append_", KVROPE_FASTCALL(rope_append_), METH_FASTCALL, "kvrope::rope_append_ through the dispatcher"},
     {nullptr, nullptr, 0, nullptr}};
 #undef KVROPE_FASTCALL
 

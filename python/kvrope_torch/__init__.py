@@ -5,7 +5,8 @@ Tensors are [B, H, L, D] head rows (k, v, q, the caches and their gradients); a 
 passed as its [B, H, S, D] view (``x.transpose(1, 2)``): only the last dim must be contiguous.
 Per-token tables are [B, S, R] or [1, S, R] (shared by the batch); R <= D, the rest of a row passes
 through. ``style`` is ``"rotate_half"`` (Llama, Hugging Face) or ``"interleaved"`` (GPT-J).
-See python/README.md and docs/spec.md."""
+The serving forward (``rope_append_``, and ``rotary_embedding_and_cache`` with vLLM's calling convention)
+takes ragged tokens [T, heads, D] and a paged, flat or fp8 KV cache. See python/README.md and docs/spec.md."""
 from typing import Optional, Tuple
 
 import torch
@@ -14,19 +15,21 @@ from torch.overrides import has_torch_function
 from . import _C, _checks, _ops
 from ._math import INTERLEAVED, ROTATE_HALF
 
-__all__ = ["forward", "forward_", "backward", "backward_", "ERROR_POSITION_OUT_OF_RANGE",
-           "ERROR_POSITION_ID_OUT_OF_RANGE"]
+__all__ = ["forward", "forward_", "backward", "backward_", "rope_append_", "rotary_embedding_and_cache",
+           "ERROR_POSITION_OUT_OF_RANGE", "ERROR_POSITION_ID_OUT_OF_RANGE", "ERROR_SLOT_OUT_OF_RANGE"]
 
 ERROR_POSITION_OUT_OF_RANGE = _ops.ERROR_POSITION_OUT_OF_RANGE
 ERROR_POSITION_ID_OUT_OF_RANGE = _ops.ERROR_POSITION_ID_OUT_OF_RANGE
+ERROR_SLOT_OUT_OF_RANGE = _ops.ERROR_SLOT_OUT_OF_RANGE
 _STYLES = {"rotate_half": ROTATE_HALF, "interleaved": INTERLEAVED}
 # The ops from C++ (_C: through the dispatcher, without torch.ops' argument parsing in Python, ~5 µs a
 # call), or through torch.ops where Python must see the call: a __torch_function__ mode or subclass, and
 # torch.compile's tracing. The ops check their arguments before any work, with one set of messages: the
 # CUDA ones in C++ (csrc/checks.cpp), the CPU ones in Python (_checks.py). The API adds only what the
-# schemas cannot say (a table given as None, the style's name).
-_FORWARD, _FORWARD_INPLACE, _BACKWARD, _BACKWARD_INPLACE = (
-    (getattr(_C, name), getattr(_ops.ops, name).default) for name in ("forward", "forward_", "backward", "backward_"))
+# schemas cannot say (a table given as None, the style's name, a cache's layout, reading the error flag).
+_FORWARD, _FORWARD_INPLACE, _BACKWARD, _BACKWARD_INPLACE, _APPEND = (
+    (getattr(_C, name), getattr(_ops.ops, name).default)
+    for name in ("forward", "forward_", "backward", "backward_", "rope_append_"))
 
 
 def _call(op, *args):
@@ -94,3 +97,113 @@ def backward_(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_
     table_grads = bool(table_grads)
     return _call(_BACKWARD_INPLACE, grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
                  cache_position, 0, _style(style), table_grads)
+
+
+def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.Tensor, positions: torch.Tensor,
+                 cos_sin_cache: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor, *, query_out: Optional[torch.Tensor] = None,
+                 key_out: Optional[torch.Tensor] = None, key_in_place: bool = False,
+                 query_norm_weight: Optional[torch.Tensor] = None, key_norm_weight: Optional[torch.Tensor] = None,
+                 norm_eps: float = 1e-6, norm_weight_plus_one: bool = False, kv_cache_dtype: str = "auto",
+                 k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
+                 layout: str = "NHD", error_flag: Optional[torch.Tensor] = None, check: bool = False,
+                 style: str = "rotate_half") -> None:
+    """The serving forward, in place, in one launch (docs/spec.md section 6).
+
+    q [T, Hq, D] (or None) and k [T, H, D], optionally RMS-normed per head (``*_norm_weight`` [D];
+    ``norm_weight_plus_one``: Gemma's 1 + w), are rotated with the table cache [max_pos, R] (cos | sin,
+    in q's dtype or fp32) at ``positions`` [T] (int32 / int64); q in place or into ``query_out``, k into
+    ``key_out`` or, with ``key_in_place``, into k itself. RoPE(k) and v [T, H, D] go to the cache rows of
+    ``slot_mapping`` [T] (int64; slot s is page s // P, offset s % P; negative: no row; repeated: the last
+    token wins). q, k, v may be views of one fused qkv tensor (any token and head strides, last dim
+    contiguous).
+
+    Caches: ``layout="NHD"`` [pages, P, H, D], ``"HND"`` [pages, H, P, D], or flat [slots, H, D]; any
+    strides with the last dim contiguous. Their dtype is q's, or fp8: torch.float8_e4m3fn /
+    torch.float8_e5m2, or uint8 with ``kv_cache_dtype`` "fp8" / "fp8_e4m3" / "fp8_e5m2"; stored =
+    fp8_satfinite(x / scale) with ``k_scale`` / ``v_scale`` float32, one element or [H] (None: 1).
+
+    A slot at or above pages * P writes no row and ORs ERROR_SLOT_OUT_OF_RANGE into ``error_flag`` (an
+    int32 tensor of one element); a position outside [0, max_pos) writes nothing at all and ORs
+    ERROR_POSITION_ID_OUT_OF_RANGE. ``check=True`` reads the flag after the call and raises ValueError:
+    that synchronizes, so it is refused under CUDA graph capture and is a graph break under torch.compile
+    (a given ``error_flag`` keeps the bits of earlier calls). Otherwise the call never synchronizes and
+    allocates nothing."""
+    if layout == "HND":
+        if key_cache.dim() != 4 or value_cache.dim() != 4:
+            raise ValueError("kvrope: layout 'HND' needs caches [pages, H, P, D]")
+        key_cache, value_cache = key_cache.transpose(1, 2), value_cache.transpose(1, 2)
+    elif layout != "NHD":
+        raise ValueError(f"kvrope: layout must be 'NHD' or 'HND', not {layout!r}")
+    if check:
+        if not torch.compiler.is_compiling() and key.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise ValueError("kvrope: check=True reads the error flag (it synchronizes): not under CUDA graph "
+                             "capture; pass error_flag and read it after the replay")
+        if error_flag is None:
+            error_flag = torch.zeros(1, dtype=torch.int32, device=key.device)
+    _call(_APPEND, query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
+          key_out, bool(key_in_place), query_norm_weight, key_norm_weight, float(norm_eps),
+          bool(norm_weight_plus_one), kv_cache_dtype, k_scale, v_scale, error_flag, 0, _style(style))
+    if check:
+        _raise_on_flag(error_flag, cos_sin_cache.shape[0], key_cache)
+
+
+@torch.compiler.disable  # reads a device value: eager, a graph break under torch.compile (refused with fullgraph)
+def _raise_on_flag(error_flag: torch.Tensor, max_position: int, key_cache: torch.Tensor) -> None:
+    flag = int(error_flag.item())
+    if flag & ERROR_POSITION_ID_OUT_OF_RANGE:
+        raise ValueError(f"kvrope: positions holds a position outside [0, max_position={max_position}): "
+                         "its tokens wrote nothing")
+    if flag & ERROR_SLOT_OUT_OF_RANGE:
+        slots = key_cache.shape[0] * (key_cache.shape[1] if key_cache.dim() == 4 else 1)
+        raise ValueError(f"kvrope: slot_mapping holds a slot at or above num_pages * page_size = {slots}: "
+                         "its tokens wrote no cache row")
+
+
+def _token_heads(name: str, x: torch.Tensor, tokens: int, head_size: int) -> torch.Tensor:
+    """x [..., heads * head_size] or [..., heads, head_size] over `tokens` tokens as a [T, heads, D] view."""
+    if x.numel() % max(tokens * head_size, 1) or x.shape[-1] % head_size:
+        raise ValueError(f"kvrope: {name} of shape {list(x.shape)} is not [T={tokens}, heads * {head_size}] "
+                         f"or [T, heads, {head_size}]")
+    if x.dim() == 3 and x.shape[0] == tokens and x.shape[2] == head_size:
+        return x
+    try:
+        return x.view(tokens, -1, head_size)
+    except RuntimeError as e:
+        raise ValueError(f"kvrope: {name} of shape {list(x.shape)} and strides {list(x.stride())} has no "
+                         f"[T, heads, {head_size}] view") from e
+
+
+def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                               value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                               slot_mapping: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
+                               kv_cache_dtype: str = "auto", k_scale: Optional[torch.Tensor] = None,
+                               v_scale: Optional[torch.Tensor] = None, head_size: Optional[int] = None, *,
+                               error_flag: Optional[torch.Tensor] = None) -> None:
+    """vLLM's ``rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)`` followed by
+    ``reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+    v_scale)``, in one launch: query and key rotated in place, RoPE(k) and v written to the caches.
+
+    positions [T] (or any shape of T tokens); query [T, Hq * D] or [T, Hq, D], key [T, H * D] or
+    [T, H, D], value [T, H, D] or [T, H * D], views of a fused qkv allowed; key_cache / value_cache
+    vLLM's flash layout [num_blocks, block_size, H, D] (any strides, last dim contiguous: an HND cache
+    as its transpose(1, 2)); cos_sin_cache [max_position, rot_dim]; head_size defaults to the caches'
+    D. k_scale / v_scale are used only by fp8 caches ("fp8", "fp8_e4m3", "fp8_e5m2"; uint8 or float8
+    tensors) and ignored otherwise, as vLLM passes them always. As in vLLM V1, slot_mapping may be
+    shorter than T (tokens padded for a CUDA graph): the tokens past it are left as they are (neither
+    rotated nor cached), where vLLM rotates them; their outputs are padding."""
+    d = int(head_size) if head_size is not None else key_cache.shape[-1]
+    positions = positions.flatten()
+    slots = slot_mapping.flatten()
+    tokens, n = positions.shape[0], slots.shape[0]
+    q = _token_heads("query", query, tokens, d)
+    k = _token_heads("key", key, tokens, d)
+    v = _token_heads("value", value, tokens, d)
+    if n > tokens:
+        raise ValueError(f"kvrope: slot_mapping has {n} tokens, positions {tokens}")
+    if n < tokens:
+        q, k, v, positions = q[:n], k[:n], v[:n], positions[:n]
+    if _checks.cache_format(key_cache, query.dtype, kv_cache_dtype) is None:
+        k_scale = v_scale = None
+    _call(_APPEND, q, k, v, positions, cos_sin_cache, key_cache, value_cache, slots, None, None, True, None, None,
+          1e-6, False, kv_cache_dtype, k_scale, v_scale, error_flag, 0, ROTATE_HALF if is_neox else INTERLEAVED)

@@ -160,3 +160,136 @@ def check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache
             raise ValueError("kvrope: table gradients need key_states")
         _check_rows("key_states", key_states, like, (b, h, s, d))
     _check_rotation(rotary_dim, style, cos)
+
+
+# --- the serving forward (kvrope::rope_append_) ------------------------------------------------------
+
+_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+_FLOAT_MAX = 3.4028234663852886e38
+
+
+def _check_on_device(name: str, x: torch.Tensor, like: Like) -> None:
+    like_name, like_x = like
+    if x.device != like_x.device:
+        raise ValueError(f"kvrope: {name} is on {x.device}, {like_name} on {like_x.device}")
+
+
+def cache_format(key_cache: torch.Tensor, dtype: torch.dtype, kv_cache_dtype: str):
+    """The caches' element type: None for q's dtype, else torch.float8_e4m3fn or torch.float8_e5m2
+    (a float8 cache, or a uint8 one whose format kv_cache_dtype names)."""
+    if kv_cache_dtype not in _KV_CACHE_DTYPES:
+        raise ValueError(f"kvrope: kv_cache_dtype must be 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2', "
+                         f"not '{kv_cache_dtype}'")
+    e4m3, e5m2 = kv_cache_dtype in ("fp8", "fp8_e4m3"), kv_cache_dtype == "fp8_e5m2"
+    c = key_cache.dtype
+    if c == torch.uint8:
+        if not (e4m3 or e5m2):
+            raise ValueError("kvrope: a uint8 cache needs kv_cache_dtype 'fp8', 'fp8_e4m3' or 'fp8_e5m2', not 'auto'")
+        return torch.float8_e4m3fn if e4m3 else torch.float8_e5m2
+    if c not in (dtype, torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"kvrope: key_cache must be key's dtype ({dtype}), float8_e4m3fn, float8_e5m2 or uint8, "
+                        f"not {c}")
+    fmt = None if c == dtype else c
+    if not (kv_cache_dtype == "auto" or (fmt == torch.float8_e4m3fn and e4m3) or (fmt == torch.float8_e5m2 and e5m2)):
+        raise TypeError(f"kvrope: kv_cache_dtype '{kv_cache_dtype}' does not match key_cache's dtype {c}")
+    return fmt
+
+
+def _check_scale(name: str, s: torch.Tensor, like: Like, h: int, fmt) -> bool:
+    """A per-tensor scale (one element) or per-head scales [H], float32; True when per head."""
+    if fmt is None:
+        raise ValueError(f"kvrope: {name} needs an fp8 cache")
+    if s.dtype != torch.float32:
+        raise TypeError(f"kvrope: {name} must be float32, not {s.dtype}")
+    _check_on_device(name, s, like)
+    one, per_head = s.dim() <= 1 and s.numel() == 1, tuple(s.shape) == (h,)
+    if not (one or per_head):
+        raise ValueError(f"kvrope: {name} must have one element or shape [H] (H={h}), got {_dims(s.shape)}")
+    if not s.is_contiguous():
+        raise ValueError(f"kvrope: {name} must be contiguous")
+    return not one
+
+
+def check_error_flag(error_flag, like: Like) -> None:
+    like_name, like_x = like
+    if error_flag is not None and (error_flag.dtype != torch.int32 or error_flag.numel() != 1 or
+                                   error_flag.device != like_x.device):
+        raise ValueError(f"kvrope: error_flag must be an int32 tensor of one element on {like_name}'s device")
+
+
+def check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
+                 key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps, norm_weight_plus_one,
+                 kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style):
+    """The twin of csrc/checks.cpp's check_append; returns the caches' fp8 format (None: q's dtype)."""
+    if key.dim() != 3:
+        raise ValueError(f"kvrope: key must be [T, H, D], got {_dims(key.shape)}")
+    if key.dtype not in (_CUDA_DTYPES if key.is_cuda else _CPU_DTYPES):
+        also = "" if key.is_cuda else " or float64"
+        raise TypeError(f"kvrope: {key.device.type} tensors must be bfloat16, float16, float32{also}, not {key.dtype}")
+    n, h, d = key.shape
+    if d % 2:
+        raise ValueError(f"kvrope: head_dim must be even, not {d}")
+    _check_last_dim("key", key)
+    like = ("key", key)
+    _check_rows("value", value, like, (n, h, d))
+    if query is not None:
+        if query.dim() != 3 or query.shape[0] != n or query.shape[2] != d:
+            raise ValueError(f"kvrope: query must be [T, Hq, D] with T={n}, D={d}, got {_dims(query.shape)}")
+        _check_rows("query", query, like, query.shape)
+        if query_out is not None:
+            _check_rows("query_out", query_out, like, query.shape)
+    else:
+        if query_out is not None:
+            raise ValueError("kvrope: query_out needs query")
+        if query_norm_weight is not None:
+            raise ValueError("kvrope: query_norm_weight needs query")
+    if key_out is not None:
+        if key_in_place:
+            raise ValueError("kvrope: key_in_place and key_out exclude each other")
+        _check_rows("key_out", key_out, like, (n, h, d))
+    _check_positions("positions", positions, like, n)
+    _check_on_device("slot_mapping", slot_mapping, like)
+    if slot_mapping.dtype != torch.int64:
+        raise TypeError(f"kvrope: slot_mapping must be int64, not {slot_mapping.dtype}")
+    if tuple(slot_mapping.shape) != (n,):
+        raise ValueError(f"kvrope: slot_mapping has shape {_dims(slot_mapping.shape)}, expected [{n}]")
+    if not slot_mapping.is_contiguous():
+        raise ValueError("kvrope: slot_mapping must be contiguous")
+    c = cos_sin_cache
+    if c.dim() != 2 or c.shape[1] % 2 or not 0 < c.shape[1] <= d:
+        raise ValueError(f"kvrope: cos_sin_cache must be [max_pos, R] with R even in (0, D={d}], got {_dims(c.shape)}")
+    if c.dtype not in (key.dtype, torch.float32) or c.device != key.device:
+        raise TypeError("kvrope: cos_sin_cache must be on key's device, in its dtype or float32")
+    if not c.is_contiguous():
+        raise ValueError("kvrope: cos_sin_cache must be contiguous")
+    kc = key_cache
+    if kc.dim() not in (3, 4):
+        raise ValueError(f"kvrope: key_cache must be [pages, P, H, D] or [slots, H, D], got {_dims(kc.shape)}")
+    shape = tuple(kc.shape[:-2]) + (h, d)
+    _check_on_device("key_cache", kc, like)
+    if tuple(kc.shape) != shape:
+        raise ValueError(f"kvrope: key_cache has shape {_dims(kc.shape)}, expected {_dims(shape)} "
+                         "(an HND cache [pages, H, P, D] as its transpose(1, 2))")
+    fmt = cache_format(kc, key.dtype, kv_cache_dtype)
+    _check_on_device("value_cache", value_cache, like)
+    if value_cache.dtype != kc.dtype:
+        raise TypeError(f"kvrope: value_cache is {value_cache.dtype}, key_cache {kc.dtype}: the caches have one dtype")
+    if tuple(value_cache.shape) != tuple(kc.shape):
+        raise ValueError(f"kvrope: value_cache has shape {_dims(value_cache.shape)}, expected {_dims(kc.shape)}")
+    _check_last_dim("key_cache", kc)
+    _check_last_dim("value_cache", value_cache)
+    per_head = [None, None]
+    if k_scale is not None:
+        per_head[0] = _check_scale("k_scale", k_scale, like, h, fmt)
+    if v_scale is not None:
+        per_head[1] = _check_scale("v_scale", v_scale, like, h, fmt)
+    if None not in per_head and per_head[0] != per_head[1]:
+        raise ValueError("kvrope: k_scale and v_scale must both be per-tensor or both per-head")
+    for name, w in (("query_norm_weight", query_norm_weight), ("key_norm_weight", key_norm_weight)):
+        if w is not None:
+            _check_rows(name, w, like, (d,))
+    if not 0 <= norm_eps <= _FLOAT_MAX:
+        raise ValueError(f"kvrope: norm_eps must be a non-negative number, not {norm_eps:f}")
+    check_error_flag(error_flag, like)
+    _check_rotation(rotary_dim, style, c)
+    return fmt

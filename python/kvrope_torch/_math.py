@@ -83,3 +83,16 @@ def tables_from_cache(cos_sin_cache: torch.Tensor, position_ids: torch.Tensor, b
     e = torch.arange(r, device=cos_sin_cache.device)
     pair = e % (r // 2) if style == ROTATE_HALF else e // 2
     return rows[..., pair], rows[..., r // 2 + pair], ok
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, plus_one: bool) -> torch.Tensor:
+    """Per-head RMSNorm over the last dim (compute dtype): x rsqrt(mean(x^2) + eps) w, w -> 1 + w if plus_one."""
+    w = weight + 1 if plus_one else weight
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * w
+
+
+def to_fp8(x: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
+    """x rounded to fp8 as the kernel's __NV_SATFINITE conversion does: to nearest even, finite values
+    saturated at the format's largest (torch's own conversion gives NaN or inf beyond it)."""
+    big = torch.finfo(fmt).max
+    return x.clamp(-big, big).to(fmt)

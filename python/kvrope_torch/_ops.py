@@ -8,7 +8,7 @@ from . import _checks
 from . import _math as m
 
 ops = torch.ops.kvrope
-ERROR_POSITION_OUT_OF_RANGE, ERROR_POSITION_ID_OUT_OF_RANGE = 1, 2
+ERROR_POSITION_OUT_OF_RANGE, ERROR_POSITION_ID_OUT_OF_RANGE, ERROR_SLOT_OUT_OF_RANGE = 1, 2, 4
 
 
 # --- CPU implementations: the semantics of docs/spec.md, in plain torch ---------------------------
@@ -105,6 +105,56 @@ def _backward_inplace_cpu(grad_key_cache, grad_value_cache, key_states, cos, sin
     return gk, gv, gc, gs
 
 
+@torch.library.impl("kvrope::rope_append_", "cpu")
+def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out=None,
+                key_out=None, key_in_place=False, query_norm_weight=None, key_norm_weight=None, norm_eps=1e-6,
+                norm_weight_plus_one=False, kv_cache_dtype="auto", k_scale=None, v_scale=None, error_flag=None,
+                rotary_dim=0, style=0):
+    """The serving forward (docs/spec.md section 6). A token whose position is out of range writes nothing;
+    a negative or out-of-range slot writes no cache row; the last token naming a slot wins."""
+    fmt = _checks.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping,
+                               query_out, key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps,
+                               norm_weight_plus_one, kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style)
+    ct = m.compute_dtype(key.dtype)
+    cos, sin, ok = m.tables_from_cache(cos_sin_cache, positions, 1, style, ct)  # [1, T, R], [1, T]
+    ok = ok[0]
+    keep = ok[:, None, None]
+
+    def rotated(x, weight):  # [T, heads, D] in x's dtype, rounded once
+        y = x.to(ct)
+        if weight is not None:
+            y = m.rms_norm(y, weight.to(ct), norm_eps, norm_weight_plus_one)
+        return m.rope(y.transpose(0, 1)[None], cos, sin, style)[0].transpose(0, 1).to(x.dtype)
+
+    k_rot = rotated(key, key_norm_weight)
+    if query is not None:
+        target = query if query_out is None else query_out
+        target.copy_(torch.where(keep, rotated(query, query_norm_weight), target))
+    for out in (key_out, key if key_in_place else None):
+        if out is not None:
+            out.copy_(torch.where(keep, k_rot, out))
+    paged = key_cache.dim() == 4
+    page_size = key_cache.shape[1] if paged else 1
+    num_slots = key_cache.shape[0] * page_size
+    slots = slot_mapping
+    flag = ERROR_POSITION_ID_OUT_OF_RANGE if bool((~ok).any()) else 0
+    if bool(((slots >= num_slots) & ok).any()):
+        flag |= ERROR_SLOT_OUT_OF_RANGE
+    if error_flag is not None and flag:
+        error_flag.bitwise_or_(flag)
+    written, tokens = m.last_writers(slots, (slots >= 0) & (slots < num_slots) & ok, num_slots)
+    pages, offsets = written // page_size, written % page_size
+    for cache, rows, scale in ((key_cache, k_rot, k_scale), (value_cache, value, v_scale)):
+        view = cache if paged else cache.unsqueeze(1)  # [pages, P, H, D]
+        rows = rows[tokens]
+        if fmt is not None:  # written as bytes: uint8 caches, and no float8 indexing kernels needed
+            x = rows.to(ct)
+            if scale is not None:
+                x = x / scale.reshape(-1, 1).to(ct)
+            view, rows = view.view(torch.uint8), m.to_fp8(x, fmt).view(torch.uint8)
+        view[pages, offsets] = rows
+
+
 # --- fake implementations: shapes for torch.compile and opcheck ------------------------------------
 # The backward's outputs are contiguous whatever the inputs' strides, as the CPU and CUDA ops make them.
 
@@ -119,6 +169,17 @@ def _forward_inplace_fake(key_states, value_states, key_cache, value_cache, cach
                           position_ids, query, query_out, key_out, error_flag, rotary_dim=0, style=0):
     _checks.check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                            position_ids, query, query_out, key_out, error_flag, rotary_dim, style)
+    return None
+
+
+@torch.library.register_fake("kvrope::rope_append_")
+def _append_fake(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out=None,
+                 key_out=None, key_in_place=False, query_norm_weight=None, key_norm_weight=None, norm_eps=1e-6,
+                 norm_weight_plus_one=False, kv_cache_dtype="auto", k_scale=None, v_scale=None, error_flag=None,
+                 rotary_dim=0, style=0):
+    _checks.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
+                         key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps, norm_weight_plus_one,
+                         kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style)
     return None
 
 
