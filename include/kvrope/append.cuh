@@ -22,8 +22,9 @@ Status validate(const AppendParams<T, C, Pos>& params) {
 
 //! The serving forward in one kernel launch on `stream`. Validates first and launches nothing when
 //! the parameters are invalid. Allocates nothing, does not synchronize: graph-capturable. Repeated
-//! slots: the last token naming a slot writes it. Negative slots write no cache row. Out-of-range
-//! slots and positions are reported through params.error_flag (error_flag.cuh).
+//! slots: the last token naming a slot (of those whose position is in range) writes it. Negative
+//! slots write no cache row. Out-of-range slots and positions are reported through params.error_flag
+//! (error_flag.cuh).
 template <typename T, typename C, typename Pos>
 Status kv_cache_rope_append(const AppendParams<T, C, Pos>& params, cudaStream_t stream = nullptr) {
   return detail::run_append(params, stream, nullptr, false);

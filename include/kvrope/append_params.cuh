@@ -103,14 +103,14 @@ struct AppendParams {
   //! the D elements of each head row, with w = weight (or 1 + weight with norm_weight_plus_one, Gemma).
   const T* query_norm_weight = nullptr;  //!< [D], or null: q not normed
   const T* key_norm_weight = nullptr;    //!< [D], or null: k not normed
-  float norm_eps = 1e-6f;
+  float norm_eps = 1e-6f;  //!< non-negative (validate: kInvalidSize otherwise)
   bool norm_weight_plus_one = false;
 
   PagedCache<C> key_cache;                //!< gets RoPE(k) (quantized when C is fp8) at each token's slot
   PagedCache<C> value_cache;              //!< gets v at each token's slot
   int64_t page_size = 0;                  //!< P, slots a page
   int64_t num_pages = 0;                  //!< pages of each cache: slots [0, num_pages P) exist
-  const int64_t* slot_mapping = nullptr;  //!< [T] device array: a token's slot; negative: no cache write
+  const int64_t* slot_mapping = nullptr;  //!< [T] device array (H > 0): a token's slot; negative: no cache write
 
   //! fp8 caches only: device scales, stored = fp8_satfinite(x / scale); null means 1. One float, or H
   //! (one a head) with scale_per_head.

@@ -1,0 +1,435 @@
+// GPU tests of the append (the serving forward, docs/spec.md §6) against the float64 reference: bf16, fp16
+// and fp32; caches in T, e4m3 and e5m2 with per-tensor and per-head scales; the compiled head dims and
+// generic even ones; both styles and partial rotary; q in place or out; key_out, key in place or neither;
+// the norms; NHD and HND pages, a flat pool, a contiguous per-sequence cache, caches of different
+// strides; a fused qkv buffer; padding, repeated and out-of-range slots and positions; misaligned views;
+// int32 and int64 positions; fp32 and T tables; decode, T = 1024, a prefill of 4096 tokens, an empty
+// call; graph capture. Outputs and caches are poisoned (0xFF bytes) before every launch
+// (tests/support/append_problem.cuh).
+#include <type_traits>
+
+#include "support/append_problem.cuh"
+
+using namespace kvrope;
+using namespace kvrope::testing;
+
+namespace {
+
+template <typename T, typename C>
+void run_case(const AppendConfig& c, bool pos64) {
+  if (pos64)
+    run_append_case<T, C, int64_t>(c);
+  else
+    run_append_case<T, C, int32_t>(c);
+}
+
+// Whether every byte of a host copy is 0xFF (the poison: no write reached it).
+template <typename U>
+bool all_poisoned(const std::vector<U>& host) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
+  return std::all_of(bytes, bytes + host.size() * sizeof(U), [](unsigned char b) { return b == 0xFF; });
+}
+
+constexpr SlotPattern kPatterns[] = {SlotPattern::kSequences, SlotPattern::kRun,     SlotPattern::kPermutation,
+                                     SlotPattern::kPadding,   SlotPattern::kRepeats, SlotPattern::kOutOfRange};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("append matches the float64 reference: head dims, styles, partial rotary, q and k outputs, norms",
+                   "[gpu][append]", __nv_bfloat16, __half, float) {
+  const int64_t dims[] = {64, 80, 96, 128, 256, 48, 112, 130};
+  uint64_t seed = 1;
+  for (const int64_t D : dims)
+    for (const RotaryStyle style : {RotaryStyle::kRotateHalf, RotaryStyle::kInterleaved})
+      for (const int r : {0, 1, 2}) {
+        AppendConfig c;
+        c.seed = seed++;
+        c.head_dim = D;
+        c.style = style;
+        c.rotary_dim = r == 0 ? 0 : r == 1 ? D / 2 - (D / 2) % 2 : 2;  // full, half, one pair
+        c.tokens = 19 + static_cast<int64_t>(c.seed % 13);
+        c.heads = 1 + static_cast<int64_t>(c.seed % 3);
+        c.query_heads = c.seed % 5 == 0 ? 0 : c.seed % 5 == 1 ? 3 : c.heads * (1 + static_cast<int64_t>(c.seed % 4));
+        c.query_out = c.seed % 2 == 1;
+        c.key = static_cast<KeyWrite>(c.seed % 3);
+        c.q_norm = c.seed % 4 == 1 || c.seed % 4 == 3;
+        c.k_norm = c.seed % 4 >= 2;
+        c.plus_one = c.seed % 5 == 2;
+        c.table_f32 = c.seed % 3 != 1;
+        c.k_cache = c.seed % 2 ? CacheKind::kHND : CacheKind::kNHD;
+        c.v_cache = (c.seed / 2) % 2 ? CacheKind::kHND : CacheKind::kNHD;
+        c.page_size = c.seed % 3 == 0 ? 16 : c.seed % 3 == 1 ? 1 : 8;
+        c.slots = kPatterns[c.seed % 6];
+        c.bad_positions = c.seed % 7 == 5;
+        run_case<TestType, TestType>(c, c.seed % 2 == 0);
+      }
+}
+
+TEMPLATE_TEST_CASE("append into fp8 caches: e4m3 and e5m2, no scale, one scale, a scale a head, saturation",
+                   "[gpu][append][fp8]", __nv_bfloat16, __half, float) {
+  const int64_t dims[] = {128, 64, 80, 112};
+  uint64_t seed = 100;
+  for (const bool e5m2 : {false, true})
+    for (const Scales scales : {Scales::kNone, Scales::kTensor, Scales::kHead})
+      for (const KeyWrite key : {KeyWrite::kOut, KeyWrite::kInPlace, KeyWrite::kNone}) {
+        AppendConfig c;
+        c.seed = seed++;
+        c.head_dim = dims[c.seed % 4];
+        c.tokens = 33;
+        c.heads = 4;
+        c.query_heads = 8;
+        c.scales = scales;
+        c.key = key;
+        c.k_norm = c.seed % 3 == 0;
+        c.q_norm = c.seed % 3 == 1;
+        c.style = c.seed % 2 ? RotaryStyle::kInterleaved : RotaryStyle::kRotateHalf;
+        c.rotary_dim = c.seed % 4 == 3 ? c.head_dim / 2 : 0;
+        c.slots = kPatterns[c.seed % 6];
+        c.k_cache = c.seed % 2 ? CacheKind::kNHD : CacheKind::kHND;
+        if (e5m2)
+          run_case<TestType, __nv_fp8_e5m2>(c, c.seed % 2 == 1);
+        else
+          run_case<TestType, __nv_fp8_e4m3>(c, c.seed % 2 == 1);
+      }
+  // Scales small enough that many values saturate (e4m3 beyond 448, e5m2 beyond 57344), and large ones
+  // that push values into the subnormals.
+  for (const float magnitude : {0.004f, 1.0e-5f, 100.0f}) {
+    AppendConfig c;
+    c.seed = seed++;
+    c.head_dim = 128;
+    c.tokens = 17;
+    c.scales = Scales::kHead;
+    c.scale_magnitude = magnitude;
+    run_case<TestType, __nv_fp8_e4m3>(c, true);
+    run_case<TestType, __nv_fp8_e5m2>(c, false);
+  }
+}
+
+namespace {
+// k and v made of the bf16 values whose fp32 quotient by `scale` encodes otherwise than their float64
+// quotient (and their negatives): the cache must hold the fp32 path's codes (docs/spec.md §6.4).
+template <typename C>
+void fp32_division_case(float scale) {
+  using T = __nv_bfloat16;
+  const __nv_fp8_interpretation_t kind = std::is_same_v<C, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  std::vector<T> special;
+  for (uint32_t b = 0x3000; b < 0x4800; ++b) {
+    __nv_bfloat16_raw raw;
+    raw.x = static_cast<unsigned short>(b);
+    const T x(raw);
+    const double f64 = static_cast<double>(to_float(x)) / static_cast<double>(scale);
+    if (reference::quantize<C>(x, scale) != __nv_cvt_double_to_fp8(f64, __NV_SATFINITE, kind))
+      special.push_back(x), special.push_back(from_float<T>(-to_float(x)));
+  }
+  INFO(special.size() << " values where the two quotients encode differently");
+  REQUIRE(!special.empty());
+  AppendConfig c;
+  c.tokens = 16;
+  c.heads = 2;
+  c.query_heads = 0;
+  c.head_dim = 64;
+  c.rotary_dim = 2;  // k's elements 2..63 pass through: quantized as given
+  c.scales = Scales::kTensor;
+  AppendProblem<T, C, int64_t> p(c);
+  p.host_k_scale = p.host_v_scale = {scale};
+  KVROPE_CUDA_REQUIRE(cudaMemcpy(p.k_scale.get(), &scale, sizeof(float), cudaMemcpyHostToDevice));
+  KVROPE_CUDA_REQUIRE(cudaMemcpy(p.v_scale.get(), &scale, sizeof(float), cudaMemcpyHostToDevice));
+  std::vector<T> values(p.k.size());
+  for (size_t i = 0; i < values.size(); ++i) values[i] = special[i % special.size()];
+  KVROPE_CUDA_REQUIRE(cudaMemcpy(p.k.get(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+  KVROPE_CUDA_REQUIRE(cudaMemcpy(p.v.get(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+  p.run_and_check();
+}
+}  // namespace
+
+TEST_CASE("append: fp8 caches divide by the scale in fp32 (inputs where a float64 quotient rounds otherwise)",
+          "[gpu][append][fp8]") {
+  fp32_division_case<__nv_fp8_e4m3>(0.7f);
+  fp32_division_case<__nv_fp8_e5m2>(1.1f);
+}
+
+TEST_CASE("append: NHD and HND pages, a flat pool, a contiguous per-sequence cache, caches of different strides",
+          "[gpu][append][cache]") {
+  struct Layout {
+    CacheKind k, v;
+    int64_t k_pad, v_pad, page_size;
+    bool contiguous;
+  };
+  const Layout layouts[] = {
+      {CacheKind::kNHD, CacheKind::kNHD, 0, 0, 16, false},  {CacheKind::kHND, CacheKind::kHND, 0, 0, 16, false},
+      {CacheKind::kNHD, CacheKind::kNHD, 0, 0, 1, false},   // a flat pool [slots, H, D]
+      {CacheKind::kNHD, CacheKind::kNHD, 0, 0, 0, true},    // [B, S_max, H, D]
+      {CacheKind::kHND, CacheKind::kHND, 0, 0, 0, true},    // [B, H, S_max, D]
+      {CacheKind::kNHD, CacheKind::kHND, 0, 8, 32, false},  // k and v of different layouts and strides
+      {CacheKind::kHND, CacheKind::kNHD, 16, 0, 8, false},  {CacheKind::kNHD, CacheKind::kNHD, 3, 5, 4, false},
+  };
+  uint64_t seed = 200;
+  for (const Layout& l : layouts)
+    for (const SlotPattern slots : {SlotPattern::kSequences, SlotPattern::kRun, SlotPattern::kRepeats}) {
+      AppendConfig c;
+      c.seed = seed++;
+      c.tokens = 45;
+      c.heads = 3;
+      c.query_heads = 6;
+      c.head_dim = 128;
+      c.k_cache = l.k;
+      c.v_cache = l.v;
+      c.k_pad = l.k_pad;
+      c.v_pad = l.v_pad;
+      c.page_size = l.page_size;
+      c.contiguous = l.contiguous;
+      c.slots = l.contiguous && slots == SlotPattern::kRepeats ? SlotPattern::kSequences : slots;
+      run_case<__nv_bfloat16, __nv_bfloat16>(c, true);
+      c.scales = Scales::kTensor;
+      run_case<__half, __nv_fp8_e4m3>(c, false);
+    }
+}
+
+TEMPLATE_TEST_CASE("append on q, k, v as views of one fused qkv buffer", "[gpu][append][fused]", __nv_bfloat16,
+                   __half, float) {
+  struct Outputs {
+    bool query_out;
+    KeyWrite key;
+  };
+  // vLLM's in-place call; q in place and key_out; both outputs elsewhere with k not written back.
+  const Outputs outputs[] = {{false, KeyWrite::kInPlace}, {false, KeyWrite::kOut}, {true, KeyWrite::kNone}};
+  uint64_t seed = 300;
+  for (const Outputs& o : outputs)
+    for (const int64_t groups : {int64_t{4}, int64_t{1}})  // Hq = 4 H (grouped queries), Hq = H
+      for (const int64_t token_pad : {int64_t{0}, int64_t{8}}) {
+        AppendConfig c;
+        c.seed = seed++;
+        c.fused_qkv = true;
+        c.tokens = 27;
+        c.heads = 2;
+        c.query_heads = 2 * groups;
+        c.head_dim = c.seed % 2 ? 128 : 64;
+        c.token_pad = token_pad;
+        c.query_out = o.query_out;
+        c.key = o.key;
+        c.q_norm = c.k_norm = c.seed % 3 == 0;
+        c.slots = kPatterns[c.seed % 6];
+        run_case<TestType, TestType>(c, true);
+        c.scales = Scales::kHead;
+        run_case<TestType, __nv_fp8_e5m2>(c, false);
+      }
+}
+
+TEST_CASE("append: padding, repeated and out-of-range slots, out-of-range positions, and the error flag",
+          "[gpu][append][slots]") {
+  uint64_t seed = 400;
+  for (const SlotPattern slots : {SlotPattern::kPadding, SlotPattern::kRepeats, SlotPattern::kOutOfRange})
+    for (const bool bad_positions : {false, true})
+      for (const int64_t tokens : {int64_t{2}, int64_t{37}, int64_t{1024}}) {
+        AppendConfig c;
+        c.seed = seed++;
+        c.tokens = tokens;
+        c.heads = 2;
+        c.query_heads = 4;
+        c.head_dim = 64;
+        c.page_size = 16;
+        c.slots = slots;
+        c.bad_positions = bad_positions;
+        c.key = static_cast<KeyWrite>(c.seed % 3);
+        run_case<__nv_bfloat16, __nv_bfloat16>(c, c.seed % 2 == 0);
+        c.scales = Scales::kTensor;
+        run_case<float, __nv_fp8_e4m3>(c, c.seed % 2 == 1);
+      }
+
+  // A hand-made case: T = 6, 2 pages of 4 slots, positions [0, 6).
+  //   token 0: slot 5        1: slot 5 (wins over 0)   2: slot -1 (padding: q, k written, no row)
+  //   3: slot 8 (out of range: bit 4, q, k written)     4: slot 2, position 99 (bit 2, writes nothing)
+  //   5: slot 2 (the last valid token naming it)
+  AppendConfig c;
+  c.tokens = 6;
+  c.heads = 2;
+  c.query_heads = 2;
+  c.head_dim = 64;
+  c.page_size = 4;
+  c.slots = SlotPattern::kPermutation;
+  AppendProblem<__nv_bfloat16, __nv_bfloat16, int64_t> p(c);
+  const std::vector<int64_t> slot_list{5, 5, -1, 8, 2, 2};
+  const std::vector<int64_t> positions{0, 1, 2, 3, 99, 5};
+  p.plan.slots = slot_list;
+  p.plan.num_pages = 2;
+  p.plan.max_position = 6;
+  p.host_pos = positions;
+  KVROPE_CUDA_REQUIRE(cudaMemcpy(p.slots.get(), slot_list.data(), 6 * sizeof(int64_t), cudaMemcpyHostToDevice));
+  KVROPE_CUDA_REQUIRE(cudaMemcpy(p.pos.get(), positions.data(), 6 * sizeof(int64_t), cudaMemcpyHostToDevice));
+  p.params = p.make_params();
+  p.run_and_check();
+  const int flag = p.flag.to_host()[0];
+  CHECK((flag & kErrorSlotOutOfRange) != 0);
+  CHECK((flag & kErrorPositionIdOutOfRange) != 0);
+  const Status s = read_error_flag(p.flag.get());
+  CHECK(s.code == StatusCode::kPositionIdOutOfRange);  // the position bit is reported first
+}
+
+TEMPLATE_TEST_CASE("append: misaligned views take the scalar path and give the same results", "[gpu][append][align]",
+                   __nv_bfloat16, __half, float) {
+  AppendConfig c;
+  c.tokens = 9;
+  c.heads = 2;
+  c.query_heads = 4;
+  c.head_dim = 128;
+  c.query_out = true;
+  AppendProblem<TestType, TestType, int64_t> aligned(c);
+  AppendPlan plan;
+  REQUIRE((AppendLaunchers<TestType, TestType, int64_t>::plan(aligned.params, &plan).ok()));
+  CHECK(plan.launched);
+  CHECK(plan.vec_width == static_cast<int>(16 / sizeof(TestType)));
+  aligned.run_and_check();
+
+  uint64_t seed = 500;
+  for (const int64_t offset : {int64_t{1}, int64_t{0}})
+    for (const int64_t token_pad : {int64_t{0}, int64_t{3}}) {
+      if (offset == 0 && token_pad == 0) continue;
+      for (const bool fp8 : {false, true}) {
+        c.seed = seed++;
+        c.offset = offset;  // every pointer one element off
+        c.token_pad = token_pad;  // odd token strides
+        c.q_norm = c.k_norm = c.seed % 2 == 0;
+        c.key = static_cast<KeyWrite>(c.seed % 3);
+        c.slots = kPatterns[c.seed % 6];
+        if (fp8) {
+          c.scales = Scales::kHead;
+          AppendProblem<TestType, __nv_fp8_e4m3, int32_t> p(c);
+          REQUIRE((AppendLaunchers<TestType, __nv_fp8_e4m3, int32_t>::plan(p.params, &plan).ok()));
+          CHECK(plan.vec_width == 1);
+          p.run_and_check();
+        } else {
+          c.scales = Scales::kNone;
+          AppendProblem<TestType, TestType, int32_t> p(c);
+          REQUIRE((AppendLaunchers<TestType, TestType, int32_t>::plan(p.params, &plan).ok()));
+          CHECK(plan.vec_width == 1);
+          p.run_and_check();
+        }
+      }
+    }
+}
+
+TEST_CASE("append: decode (T = 1), T = 1024, a prefill of 4096 tokens, an empty call", "[gpu][append][sizes]") {
+  AppendConfig c;
+  c.heads = 8;
+  c.query_heads = 32;
+  c.head_dim = 128;
+  c.page_size = 16;
+  c.tokens = 1;  // decode: one token of one sequence
+  c.seed = 600;
+  c.scales = Scales::kTensor;
+  run_case<__nv_bfloat16, __nv_fp8_e4m3>(c, true);
+  c.scales = Scales::kNone;
+  c.key = KeyWrite::kInPlace;
+  run_case<__nv_bfloat16, __nv_bfloat16>(c, false);
+
+  c.tokens = 1024;  // a batch of sequences
+  c.key = KeyWrite::kOut;
+  c.q_norm = c.k_norm = true;
+  c.seed = 601;
+  run_case<__nv_bfloat16, __nv_bfloat16>(c, true);
+  c.q_norm = c.k_norm = false;
+  c.style = RotaryStyle::kInterleaved;
+  c.rotary_dim = 64;
+  c.scales = Scales::kHead;
+  c.seed = 602;
+  run_case<__half, __nv_fp8_e5m2>(c, false);
+
+  c = AppendConfig{};  // a prefill: one sequence of 4096 tokens
+  c.tokens = 4096;
+  c.heads = 8;
+  c.query_heads = 32;
+  c.head_dim = 128;
+  c.page_size = 16;
+  c.slots = SlotPattern::kRun;
+  c.seed = 603;
+  run_case<__nv_bfloat16, __nv_bfloat16>(c, true);
+
+  // No token: a valid call that launches nothing and writes nothing.
+  c = AppendConfig{};
+  c.tokens = 0;
+  AppendProblem<__nv_bfloat16, __nv_bfloat16, int64_t> empty(c);
+  AppendPlan plan;
+  REQUIRE((AppendLaunchers<__nv_bfloat16, __nv_bfloat16, int64_t>::plan(empty.params, &plan).ok()));
+  CHECK_FALSE(plan.launched);
+  empty.run_and_check();
+  CHECK(all_poisoned(empty.kc.to_host()));
+  CHECK(all_poisoned(empty.vc.to_host()));
+}
+
+TEST_CASE("append: a launch captured in a CUDA graph and replayed, on new inputs too", "[gpu][append][graph]") {
+  for (const bool fp8 : {false, true}) {
+    AppendConfig c;
+    c.tokens = 77;
+    c.heads = 4;
+    c.query_heads = 16;
+    c.head_dim = 128;
+    c.query_out = true;  // outputs elsewhere: a replay does not depend on the previous one
+    c.slots = SlotPattern::kPadding;  // padding slots, as a captured decode step has
+    c.q_norm = c.k_norm = true;
+    c.seed = fp8 ? 700 : 701;
+    auto run = [&](auto& p) {
+      cudaStream_t stream = nullptr;
+      KVROPE_CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      p.poison_outputs();
+      KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+      auto before = p.snapshot();
+      cudaGraph_t graph = nullptr;
+      KVROPE_CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      const Status st = p.launch(stream);
+      KVROPE_CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
+      REQUIRE(st.ok());
+      cudaGraphExec_t exec = nullptr;
+      KVROPE_CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+      // Nothing ran during the capture: the outputs are still poisoned.
+      CHECK(all_poisoned(p.k_out.to_host()));
+      CHECK(all_poisoned(p.kc.to_host()));
+      KVROPE_CUDA_REQUIRE(cudaGraphLaunch(exec, stream));
+      KVROPE_CUDA_REQUIRE(cudaGetLastError());
+      KVROPE_CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      p.check(before);
+      // The replay reads the buffers as they are then: new inputs, outputs poisoned again.
+      p.fill_inputs(c.seed * 77);
+      p.poison_outputs();
+      KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+      before = p.snapshot();
+      KVROPE_CUDA_REQUIRE(cudaGraphLaunch(exec, stream));
+      KVROPE_CUDA_REQUIRE(cudaGetLastError());
+      KVROPE_CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      p.check(before);
+      KVROPE_CUDA_REQUIRE(cudaGraphExecDestroy(exec));
+      KVROPE_CUDA_REQUIRE(cudaGraphDestroy(graph));
+      KVROPE_CUDA_REQUIRE(cudaStreamDestroy(stream));
+    };
+    if (fp8) {
+      c.scales = Scales::kHead;
+      AppendProblem<__nv_bfloat16, __nv_fp8_e4m3, int32_t> p(c);
+      run(p);
+    } else {
+      AppendProblem<__nv_bfloat16, __nv_bfloat16, int64_t> p(c);
+      run(p);
+    }
+  }
+}
+
+TEST_CASE("append: an invalid call launches nothing and writes nothing", "[gpu][append]") {
+  AppendConfig c;
+  c.tokens = 8;
+  c.heads = 2;
+  c.query_heads = 4;
+  c.head_dim = 64;
+  AppendProblem<__nv_bfloat16, __nv_bfloat16, int64_t> p(c);
+  p.poison_outputs();
+  KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+  const std::vector<__nv_bfloat16> q_before = p.q.to_host();
+  p.params.key_in_place = true;  // with key_out: the two exclude each other
+  const Status st = p.launch();
+  CHECK(st.code == StatusCode::kConflictingFields);
+  KVROPE_CUDA_REQUIRE(cudaGetLastError());
+  KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+  const std::vector<__nv_bfloat16> q_after = p.q.to_host();
+  CHECK(std::memcmp(q_before.data(), q_after.data(), q_before.size() * sizeof(__nv_bfloat16)) == 0);
+  CHECK(all_poisoned(p.kc.to_host()));
+  CHECK(all_poisoned(p.vc.to_host()));
+  CHECK(all_poisoned(p.k_out.to_host()));
+  CHECK(p.flag.to_host()[0] == 0);
+}
