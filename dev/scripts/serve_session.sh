@@ -28,14 +28,14 @@ fi
 if has test; then
   ctest --test-dir build-gpu --output-on-failure -E consumer --timeout 200 -j 4 > "$out/ctest.log" 2>&1
   summary+=("ctest: rc $? ($(grep -E 'tests passed' "$out/ctest.log")) ($SECONDS s)")
-  for t in append_random random; do
-    KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} timeout 200 build-gpu/tests/gpu/gpu_$t > "$out/$t.log" 2>&1
+  for t in ${RANDOM_TESTS:-append_random}; do
+    KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} timeout 150 build-gpu/tests/gpu/gpu_$t > "$out/$t.log" 2>&1
     summary+=("$t x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$out/$t.log" | head -n 1)) ($SECONDS s)")
   done
 fi
 if has bench; then
   for s in serve-decode serve-prefill; do
-    timeout 200 build-gpu/bench/kvrope_bench --suite=$s --iters=${ITERS:-50} --check --kvrope_json="$out/$s.json" \
+    timeout 150 build-gpu/bench/kvrope_bench --suite=$s --iters=${ITERS:-50} --check --kvrope_json="$out/$s.json" \
       > "$out/$s.log" 2>&1
     summary+=("$s: rc $? ($SECONDS s)")
   done
