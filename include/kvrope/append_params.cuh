@@ -22,7 +22,9 @@ struct TokenHeads {
   int64_t token_stride = 0;
   int64_t head_stride = 0;
 
-  __host__ __device__ T* row(int64_t token, int64_t head) const { return data + token * token_stride + head * head_stride; }
+  __host__ __device__ T* row(int64_t token, int64_t head) const {
+    return data + token * token_stride + head * head_stride;
+  }
   template <typename U = T, typename = std::enable_if_t<!std::is_const_v<U>>>
   __host__ __device__ operator TokenHeads<const U>() const {
     return {data, token_stride, head_stride};
@@ -87,10 +89,10 @@ struct AppendParams {
   int64_t rotary_dim = 0;   //!< R, even, 0 < R <= D (0: R = D); elements R..D-1 pass through
   RotaryStyle style = RotaryStyle::kRotateHalf;
 
-  TokenHeads<T> query;      //!< q [T, Hq, D]: read, rotated in place unless query_out is given
-  TokenHeads<T> query_out;  //!< optional [T, Hq, D]: the rotated q, q left as it was
-  TokenHeads<T> key;        //!< k [T, H, D]: read; written only with key_in_place
-  TokenHeads<T> key_out;    //!< optional [T, H, D]: the rotated k
+  TokenHeads<T> query;        //!< q [T, Hq, D]: read, rotated in place unless query_out is given
+  TokenHeads<T> query_out;    //!< optional [T, Hq, D]: the rotated q, q left as it was
+  TokenHeads<T> key;          //!< k [T, H, D]: read; written only with key_in_place
+  TokenHeads<T> key_out;      //!< optional [T, H, D]: the rotated k
   bool key_in_place = false;  //!< write the rotated k back into key (vLLM); excludes key_out
   TokenHeads<const T> value;  //!< v [T, H, D]
 
@@ -103,7 +105,7 @@ struct AppendParams {
   //! the D elements of each head row, with w = weight (or 1 + weight with norm_weight_plus_one, Gemma).
   const T* query_norm_weight = nullptr;  //!< [D], or null: q not normed
   const T* key_norm_weight = nullptr;    //!< [D], or null: k not normed
-  float norm_eps = 1e-6f;  //!< non-negative (validate: kInvalidSize otherwise)
+  float norm_eps = 1e-6f;                //!< non-negative (validate: kInvalidSize otherwise)
   bool norm_weight_plus_one = false;
 
   PagedCache<C> key_cache;                //!< gets RoPE(k) (quantized when C is fp8) at each token's slot

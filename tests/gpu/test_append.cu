@@ -156,12 +156,12 @@ TEST_CASE("append: NHD and HND pages, a flat pool, a contiguous per-sequence cac
     bool contiguous;
   };
   const Layout layouts[] = {
-      {CacheKind::kNHD, CacheKind::kNHD, 0, 0, 16, false},  {CacheKind::kHND, CacheKind::kHND, 0, 0, 16, false},
+      {CacheKind::kNHD, CacheKind::kNHD, 0, 0, 16, false}, {CacheKind::kHND, CacheKind::kHND, 0, 0, 16, false},
       {CacheKind::kNHD, CacheKind::kNHD, 0, 0, 1, false},   // a flat pool [slots, H, D]
       {CacheKind::kNHD, CacheKind::kNHD, 0, 0, 0, true},    // [B, S_max, H, D]
       {CacheKind::kHND, CacheKind::kHND, 0, 0, 0, true},    // [B, H, S_max, D]
       {CacheKind::kNHD, CacheKind::kHND, 0, 8, 32, false},  // k and v of different layouts and strides
-      {CacheKind::kHND, CacheKind::kNHD, 16, 0, 8, false},  {CacheKind::kNHD, CacheKind::kNHD, 3, 5, 4, false},
+      {CacheKind::kHND, CacheKind::kNHD, 16, 0, 8, false}, {CacheKind::kNHD, CacheKind::kNHD, 3, 5, 4, false},
   };
   uint64_t seed = 200;
   for (const Layout& l : layouts)
@@ -185,8 +185,8 @@ TEST_CASE("append: NHD and HND pages, a flat pool, a contiguous per-sequence cac
     }
 }
 
-TEMPLATE_TEST_CASE("append on q, k, v as views of one fused qkv buffer", "[gpu][append][fused]", __nv_bfloat16,
-                   __half, float) {
+TEMPLATE_TEST_CASE("append on q, k, v as views of one fused qkv buffer", "[gpu][append][fused]", __nv_bfloat16, __half,
+                   float) {
   struct Outputs {
     bool query_out;
     KeyWrite key;
@@ -286,7 +286,7 @@ TEMPLATE_TEST_CASE("append: misaligned views take the scalar path and give the s
       if (offset == 0 && token_pad == 0) continue;
       for (const bool fp8 : {false, true}) {
         c.seed = seed++;
-        c.offset = offset;  // every pointer one element off
+        c.offset = offset;        // every pointer one element off
         c.token_pad = token_pad;  // odd token strides
         c.q_norm = c.k_norm = c.seed % 2 == 0;
         c.key = static_cast<KeyWrite>(c.seed % 3);
@@ -363,7 +363,7 @@ TEST_CASE("append: a launch captured in a CUDA graph and replayed, on new inputs
     c.heads = 4;
     c.query_heads = 16;
     c.head_dim = 128;
-    c.query_out = true;  // outputs elsewhere: a replay does not depend on the previous one
+    c.query_out = true;               // outputs elsewhere: a replay does not depend on the previous one
     c.slots = SlotPattern::kPadding;  // padding slots, as a captured decode step has
     c.q_norm = c.k_norm = true;
     c.seed = fp8 ? 700 : 701;

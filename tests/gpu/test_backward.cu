@@ -55,12 +55,12 @@ void run_small_shapes(int first, int last) {
           }
 }
 
-TEMPLATE_TEST_CASE("backward matches the float64 reference on small shapes, head dims 64 80 96", "[gpu]",
-                   __nv_bfloat16, __half, float) {
+TEMPLATE_TEST_CASE("backward matches the float64 reference on small shapes, head dims 64 80 96", "[gpu]", __nv_bfloat16,
+                   __half, float) {
   run_small_shapes<TestType>(0, 3);
 }
-TEMPLATE_TEST_CASE("backward matches the float64 reference on small shapes, head dims 128 256", "[gpu]",
-                   __nv_bfloat16, __half, float) {
+TEMPLATE_TEST_CASE("backward matches the float64 reference on small shapes, head dims 128 256", "[gpu]", __nv_bfloat16,
+                   __half, float) {
   run_small_shapes<TestType>(3, 5);
 }
 TEMPLATE_TEST_CASE("backward matches the float64 reference on small shapes, head dims 48 512 40 2", "[gpu]",

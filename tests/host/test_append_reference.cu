@@ -14,9 +14,9 @@
 #include "support/catch.hpp"
 
 using namespace kvrope;
-using reference::Fp8Format;
 using reference::fp8_decode;
 using reference::fp8_encode;
+using reference::Fp8Format;
 
 namespace {
 
@@ -155,24 +155,24 @@ TEST_CASE("fp8_encode on values worked by hand: RNE, ties, subnormals, saturatio
       {-1.0f, 0xB8, 0xBC},
       {0.5f, 0x30, 0x38},
       {1.5f, 0x3C, 0x3E},
-      {1.0625f, 0x38, 0x3C},       // e4m3: the tie between 1 and 1.125 goes to 1 (even)
-      {1.1875f, 0x3A, 0x3D},       // e4m3: the tie between 1.125 and 1.25 goes to 1.25 (even); e5m2: 1.25
-      {1.125f, 0x39, 0x3C},        // e5m2: the tie between 1 and 1.25 goes to 1
-      {1.375f, 0x3B, 0x3E},        // e5m2: the tie between 1.25 and 1.5 goes to 1.5
-      {448.0f, 0x7E, 0x5F},        // e4m3's largest finite value; e5m2: 448 = 1.75 * 2^8
-      {464.0f, 0x7E, 0x5F},        // halfway to 480 (not a value of e4m3): satfinite
-      {1.0e6f, 0x7E, 0x7B},        // beyond both: the largest finite values
-      {-1.0e6f, 0xFE, 0xFB},       //
-      {57344.0f, 0x7E, 0x7B},      // e5m2's largest finite value
-      {61440.0f, 0x7E, 0x7B},      // e5m2: halfway to 2^16 (Inf): satfinite
-      {HUGE_VALF, 0x7E, 0x7B},     // infinity saturates too
-      {-HUGE_VALF, 0xFE, 0xFB},    //
-      {0.015625f, 0x08, 0x24},     // 2^-6: e4m3's smallest normal
-      {0.013671875f, 0x07, 0x23},  // 7 * 2^-9: e4m3's largest subnormal; e5m2: 1.75 * 2^-7
-      {0.001953125f, 0x01, 0x18},    // 2^-9: e4m3's smallest subnormal
-      {0.0009765625f, 0x00, 0x14},   // 2^-10: e4m3 tie between 0 and 2^-9 -> 0 (even)
-      {0.00146484375f, 0x01, 0x16},  // 1.5 * 2^-10 -> 2^-9
-      {0.0029296875f, 0x02, 0x1A},   // 1.5 * 2^-9: tie between 1 and 2 (x 2^-9) -> 2 (even)
+      {1.0625f, 0x38, 0x3C},              // e4m3: the tie between 1 and 1.125 goes to 1 (even)
+      {1.1875f, 0x3A, 0x3D},              // e4m3: the tie between 1.125 and 1.25 goes to 1.25 (even); e5m2: 1.25
+      {1.125f, 0x39, 0x3C},               // e5m2: the tie between 1 and 1.25 goes to 1
+      {1.375f, 0x3B, 0x3E},               // e5m2: the tie between 1.25 and 1.5 goes to 1.5
+      {448.0f, 0x7E, 0x5F},               // e4m3's largest finite value; e5m2: 448 = 1.75 * 2^8
+      {464.0f, 0x7E, 0x5F},               // halfway to 480 (not a value of e4m3): satfinite
+      {1.0e6f, 0x7E, 0x7B},               // beyond both: the largest finite values
+      {-1.0e6f, 0xFE, 0xFB},              //
+      {57344.0f, 0x7E, 0x7B},             // e5m2's largest finite value
+      {61440.0f, 0x7E, 0x7B},             // e5m2: halfway to 2^16 (Inf): satfinite
+      {HUGE_VALF, 0x7E, 0x7B},            // infinity saturates too
+      {-HUGE_VALF, 0xFE, 0xFB},           //
+      {0.015625f, 0x08, 0x24},            // 2^-6: e4m3's smallest normal
+      {0.013671875f, 0x07, 0x23},         // 7 * 2^-9: e4m3's largest subnormal; e5m2: 1.75 * 2^-7
+      {0.001953125f, 0x01, 0x18},         // 2^-9: e4m3's smallest subnormal
+      {0.0009765625f, 0x00, 0x14},        // 2^-10: e4m3 tie between 0 and 2^-9 -> 0 (even)
+      {0.00146484375f, 0x01, 0x16},       // 1.5 * 2^-10 -> 2^-9
+      {0.0029296875f, 0x02, 0x1A},        // 1.5 * 2^-9: tie between 1 and 2 (x 2^-9) -> 2 (even)
       {1.52587890625e-05f, 0x00, 0x01},   // 2^-16: e5m2's smallest subnormal
       {7.62939453125e-06f, 0x00, 0x00},   // 2^-17: e5m2 tie -> 0
       {-7.62939453125e-06f, 0x80, 0x80},  // a negative underflow keeps its sign
@@ -227,7 +227,8 @@ TEST_CASE("fp8_encode matches CUDA's host __nv_cvt_float_to_fp8 (satfinite) on a
       const double a = fp8_decode(static_cast<uint8_t>(code), f), b = fp8_decode(static_cast<uint8_t>(code + 1), f);
       if (!std::isfinite(a) || !std::isfinite(b)) continue;
       const float mid = static_cast<float>((a + b) / 2);
-      for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, HUGE_VALF)}) xs.push_back(x), xs.push_back(-x);
+      for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, HUGE_VALF)})
+        xs.push_back(x), xs.push_back(-x);
     }
   // fp32's own extremes: subnormals, the largest finite, infinities.
   for (uint32_t b : {0x00000001u, 0x00000002u, 0x007FFFFFu, 0x00800000u, 0x7F7FFFFFu, 0x7F800000u, 0x00000000u})
@@ -352,8 +353,8 @@ TEST_CASE("cpu_append: the RMSNorm of q, of k or both, with w or 1 + w, over all
       h.pos = {1};
       h.slots = {0};
       const reference::AppendGold g = reference::cpu_append(h.params());
-      const std::vector<double> normed = plus_one ? std::vector<double>{-4, 5, 2, -3, 6, -7}
-                                                  : std::vector<double>{-3, 4, 1, -2, 5, -6};
+      const std::vector<double> normed =
+          plus_one ? std::vector<double>{-4, 5, 2, -3, 6, -7} : std::vector<double>{-3, 4, 1, -2, 5, -6};
       const std::vector<double> plain{-2, 2, 2, -2, 2, -2};
       CHECK(values(g.query, 0, 6) == ((which & 1) ? normed : plain));
       CHECK(values(g.key, 0, 6) == ((which & 2) ? normed : plain));
@@ -364,7 +365,7 @@ TEST_CASE("cpu_append: the RMSNorm of q, of k or both, with w or 1 + w, over all
       CHECK(widen == 2.0 + 6.0 / 16.0);
       if (which & 2) {
         CHECK(g.key[0].abs_sum == std::fabs(normed[0]) * widen);  // |y0 cos| + |y2 sin| = |y2| = |out0|
-        CHECK(g.key[4].abs_sum == std::fabs(normed[4]) * widen);        // a normed pass-through element
+        CHECK(g.key[4].abs_sum == std::fabs(normed[4]) * widen);  // a normed pass-through element
       } else {
         CHECK(g.key[4].abs_sum == 0.0);  // a plain copy
       }
@@ -403,7 +404,7 @@ TEST_CASE("cpu_append: slots: last writer wins, negative slots write no row, out
   // Every valid token writes q and key_out, the padding and out-of-range-slot ones too; invalid ones nothing.
   CHECK(values(g.key, 0, 14) == std::vector<double>{1, 1, 2, 2, 3, 3, 4, 4, -1, -1, 6, 6, -1, -1});
   CHECK(values(g.query, 0, 14) == std::vector<double>{100, 100, 200, 200, 300, 300, 400, 400, 500, 500, 600, 600, 700,
-                                                       700});  // in place: invalid tokens keep q
+                                                      700});  // in place: invalid tokens keep q
   CHECK(g.error_flag.required == (kErrorPositionIdOutOfRange | kErrorSlotOutOfRange));
   CHECK(g.error_flag.accepts(kErrorPositionIdOutOfRange | kErrorSlotOutOfRange));
   CHECK_FALSE(g.error_flag.accepts(kErrorPositionIdOutOfRange));
@@ -441,7 +442,8 @@ TEST_CASE("cpu_append: HND pages and a flat pool address the same slots", "[host
     h.v = {9, 10, 11, 12, 13, 14, 15, 16};
     h.slots = {1, 2};
     // Previous content: each element its own address, so a wrong address shows.
-    for (size_t i = 0; i < h.kc.size(); ++i) h.kc[i] = -static_cast<float>(i), h.vc[i] = -100.0f - static_cast<float>(i);
+    for (size_t i = 0; i < h.kc.size(); ++i)
+      h.kc[i] = -static_cast<float>(i), h.vc[i] = -100.0f - static_cast<float>(i);
     const AppendParams<float> p = h.params();
     const reference::AppendGold g = reference::cpu_append(p);
     // Slot order [slot][h][d]: slot 0 and 3 unwritten (their previous content, from the layout's addresses).
@@ -674,8 +676,8 @@ TEST_CASE("check_append on fp8 caches: the code of the call's own key, or of a k
     INFO(r.first_mismatch);
     CHECK(r.ok());
     PagedCache<C> kc = h.cache_view(m.kc.data()), vc = h.cache_view(m.vc.data());
-    for (C* c : {&kc.row(1, 1, 1)[0], &kc.row(1, 1, 0)[3], &kc.row(0, 0, 1)[6], &vc.row(1, 1, 0)[2],
-                 &kc.row(2, 1, 1)[2]}) {
+    for (C* c :
+         {&kc.row(1, 1, 1)[0], &kc.row(1, 1, 0)[3], &kc.row(0, 0, 1)[6], &vc.row(1, 1, 0)[2], &kc.row(2, 1, 1)[2]}) {
       const C saved = *c;
       bump_code(*c, 2);  // two codes off: never within tolerance
       r = reference::check_append(in, m.out);
@@ -902,8 +904,7 @@ TEST_CASE("append validate: required pointers and non-negative strides", "[host]
       {[](AppendParams<VT>& p) { p.key.head_stride = -kD; }, StatusCode::kInvalidStride, "key.head_stride"},
       {[](AppendParams<VT>& p) { p.value.token_stride = -1; }, StatusCode::kInvalidStride, "value.token_stride"},
       {[](AppendParams<VT>& p) { p.key_out.token_stride = -1; }, StatusCode::kInvalidStride, "key_out.token_stride"},
-      {[](AppendParams<VT>& p) { p.key_cache.page_stride = -1; }, StatusCode::kInvalidStride,
-       "key_cache.page_stride"},
+      {[](AppendParams<VT>& p) { p.key_cache.page_stride = -1; }, StatusCode::kInvalidStride, "key_cache.page_stride"},
       {[](AppendParams<VT>& p) { p.value_cache.offset_stride = -1; }, StatusCode::kInvalidStride,
        "value_cache.offset_stride"},
       {[](AppendParams<VT>& p) { p.value_cache.head_stride = -1; }, StatusCode::kInvalidStride,

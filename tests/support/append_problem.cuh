@@ -77,9 +77,9 @@ struct AppendConfig {
        << k_pad << " v_cache=" << (v_cache == CacheKind::kNHD ? "NHD" : "HND") << "+" << v_pad
        << (fused_qkv ? " fused_qkv" : "") << (query_out ? " query_out" : " q_in_place") << " " << name(key)
        << (q_norm ? " q_norm" : "") << (k_norm ? " k_norm" : "") << (plus_one ? " plus_one" : "") << " eps=" << eps
-       << (table_f32 ? " table_f32" : " table_T") << " slots=" << name(slots)
-       << (bad_positions ? " bad_positions" : "") << " offset=" << offset << " token_pad=" << token_pad << " "
-       << name(scales) << "x" << scale_magnitude << " seed=" << seed;
+       << (table_f32 ? " table_f32" : " table_T") << " slots=" << name(slots) << (bad_positions ? " bad_positions" : "")
+       << " offset=" << offset << " token_pad=" << token_pad << " " << name(scales) << "x" << scale_magnitude
+       << " seed=" << seed;
     return os.str();
   }
 };
@@ -193,7 +193,8 @@ void expect_outside_unchanged(const char* name, const std::vector<U>& before, co
                               const std::vector<char>& covered) {
   int64_t bad = 0, first = -1;
   for (size_t i = 0; i < before.size(); ++i)
-    if (!covered[i] && std::memcmp(&before[i], &after[i], sizeof(U)) != 0 && bad++ == 0) first = static_cast<int64_t>(i);
+    if (!covered[i] && std::memcmp(&before[i], &after[i], sizeof(U)) != 0 && bad++ == 0)
+      first = static_cast<int64_t>(i);
   INFO(name << ": " << bad << " elements outside every row changed, the first at " << first);
   CHECK(bad == 0);
 }
@@ -419,9 +420,8 @@ struct AppendProblem {
       return cov;
     };
     if (cfg.fused_qkv) {
-      expect_outside_unchanged(
-          "qkv", before.qkv, after.qkv,
-          covered(qkv, {rows(params.query, Hq), rows(params.key, H), rows(params.value, H)}));
+      expect_outside_unchanged("qkv", before.qkv, after.qkv,
+                               covered(qkv, {rows(params.query, Hq), rows(params.key, H), rows(params.value, H)}));
     } else {
       expect_outside_unchanged("query", before.q, after.q, covered(q, {rows(params.query, Hq)}));
       expect_outside_unchanged("key", before.k, after.k, covered(k, {rows(params.key, H)}));

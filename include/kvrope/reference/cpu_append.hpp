@@ -68,7 +68,7 @@ inline uint8_t fp8_encode(float x, Fp8Format f) {
     double r = std::floor(m);
     const double frac = m - r;
     if (frac > 0.5 || (frac == 0.5 && std::fmod(r, 2.0) != 0.0)) r += 1.0;  // to nearest, ties to even
-    v = std::min(r * quantum, s.max_finite);                                 // satfinite
+    v = std::min(r * quantum, s.max_finite);                                // satfinite
   }
   if (v == 0.0) return sign;
   const int ve = std::max(std::ilogb(v), min_normal_exp);
@@ -88,8 +88,7 @@ inline double fp8_decode(uint8_t bits, Fp8Format f) {
   const int all_ones = (1 << (7 - s.mantissa_bits)) - 1;
   if (f == Fp8Format::kE4M3 && exponent_field == all_ones && mantissa_field == (1 << s.mantissa_bits) - 1)
     return std::nan("");
-  if (f == Fp8Format::kE5M2 && exponent_field == all_ones)
-    return mantissa_field ? std::nan("") : sign * HUGE_VAL;
+  if (f == Fp8Format::kE5M2 && exponent_field == all_ones) return mantissa_field ? std::nan("") : sign * HUGE_VAL;
   if (exponent_field == 0) return sign * std::ldexp(mantissa_field, 1 - s.bias - s.mantissa_bits);
   return sign * std::ldexp((1 << s.mantissa_bits) + mantissa_field, exponent_field - s.bias - s.mantissa_bits);
 }
@@ -235,15 +234,15 @@ void gold_row(const AppendParams<T, C, Pos>& p, const T* x, const T* weight, int
 //! Dense float64 results of the reference, for small problems: each output as it must be after the call.
 //! Caches are in slot order [num_pages * P, H, D] (slot s = page * P + offset).
 struct AppendGold {
-  std::vector<Gold> query;      // [T, Hq, D]: query_out, or query in place (tokens writing nothing: as before)
-  std::vector<Gold> key;        // [T, H, D]: key_out, or key in place, or (neither) what the caches get
-  std::vector<Gold> key_cache;  // RoPE(norm(k)) of the slot's writer before quantization; unwritten rows:
-                                // their previous content (abs_sum 0; fp8 decoded)
-  std::vector<double> value_cache;            // v of the writer (as given), or the previous content
-  std::vector<uint8_t> key_fp8, value_fp8;    // fp8 caches: the codes each row holds (the key rounded to
-                                              // T nearest to gold, then quantized); empty otherwise
-  std::vector<int64_t> writer;                // slot_writers
-  AppendFlag error_flag;                      // expected_append_flag
+  std::vector<Gold> query;          // [T, Hq, D]: query_out, or query in place (tokens writing nothing: as before)
+  std::vector<Gold> key;            // [T, H, D]: key_out, or key in place, or (neither) what the caches get
+  std::vector<Gold> key_cache;      // RoPE(norm(k)) of the slot's writer before quantization; unwritten rows:
+                                    // their previous content (abs_sum 0; fp8 decoded)
+  std::vector<double> value_cache;  // v of the writer (as given), or the previous content
+  std::vector<uint8_t> key_fp8, value_fp8;  // fp8 caches: the codes each row holds (the key rounded to
+                                            // T nearest to gold, then quantized); empty otherwise
+  std::vector<int64_t> writer;              // slot_writers
+  AppendFlag error_flag;                    // expected_append_flag
 };
 
 namespace detail {
@@ -327,8 +326,8 @@ AppendGold cpu_append(const AppendParams<T, C, Pos>& in) {
         const T v = in.value.row(t, j)[d];
         g.value_cache[o] = to_float(v);
         if constexpr (kIsFp8<C>) {
-          g.key_fp8[o] = quantize<C>(detail::round_to<T>(g.key_cache[o].value),
-                                     scale_of(in.key_scale, in.scale_per_head, j));
+          g.key_fp8[o] =
+              quantize<C>(detail::round_to<T>(g.key_cache[o].value), scale_of(in.key_scale, in.scale_per_head, j));
           g.value_fp8[o] = quantize<C>(v, scale_of(in.value_scale, in.scale_per_head, j));
         }
       }
@@ -392,7 +391,8 @@ bool fp8_within_tolerance(uint8_t got, const Gold& gold, float scale) {
   if ((got & 0x7F) == 0) {
     // A zero: -0 comes from the x <= -0 nearest zero, +0 from the x >= +0 nearest zero, if in range.
     const bool negative = got & 0x80;
-    const T x = negative ? (to_float(hi) < 0 ? hi : from_float<T>(-0.0f)) : (to_float(lo) > 0 ? lo : from_float<T>(0.0f));
+    const T x =
+        negative ? (to_float(hi) < 0 ? hi : from_float<T>(-0.0f)) : (to_float(lo) > 0 ? lo : from_float<T>(0.0f));
     return to_float(lo) <= to_float(x) && to_float(x) <= to_float(hi) && quantize<C>(x, scale) == got;
   }
   const Fp8Format f = fp8_format_of<C>();
@@ -461,8 +461,7 @@ CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<
         else if (d >= R && !normed)  // a pass-through element: a copy
           u.expect(detail::same_bits(got[d], x[d]), name, token_at(t, h, d), g, to_float(x[d]));
         else
-          u.expect(within_tolerance(got[d], gold[d].value, gold[d].abs_sum), name, token_at(t, h, d), g,
-                   gold[d].value);
+          u.expect(within_tolerance(got[d], gold[d].value, gold[d].abs_sum), name, token_at(t, h, d), g, gold[d].value);
       }
     };
     auto expect_unchanged = [&](const char* name, const T* got, const T* before, int64_t t, int64_t h) {
@@ -496,8 +495,7 @@ CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<
             expect_unchanged("key", out.key.row(t, j), in.key.row(t, j), t, j);
         }
         if (in.key_out.data && out.key_out.data)
-          expect_rotated("key_out", out.key_out.row(t, j), in.key.row(t, j), in.key_out.row(t, j), valid, normed,
-                         t, j);
+          expect_rotated("key_out", out.key_out.row(t, j), in.key.row(t, j), in.key_out.row(t, j), valid, normed, t, j);
         if (out.value.data) expect_unchanged("value", out.value.row(t, j), in.value.row(t, j), t, j);
       }
     } else {

@@ -37,11 +37,11 @@ struct AppendArgs {
   bool scale_per_head;
   int* error_flag;
   // The plan (plan.cuh):
-  int units;          // units a row: D / (2 N), N the elements of a chunk
-  int rotary_units;   // units of the rotated part: R / (2 N)
-  int lanes;          // lanes a row: a power of two, at most 32
-  int64_t rows;       // T (Hq + 2 H)
-  int64_t mask_words;  // 32-bit words of each repeat bitmask (0: no repeat check)
+  int units;            // units a row: D / (2 N), N the elements of a chunk
+  int rotary_units;     // units of the rotated part: R / (2 N)
+  int lanes;            // lanes a row: a power of two, at most 32
+  int64_t rows;         // T (Hq + 2 H)
+  int64_t mask_words;   // 32-bit words of each repeat bitmask (0: no repeat check)
   FastDivmod div_rows;  // row -> (token, j)
 };
 

@@ -13,7 +13,13 @@ namespace kvrope::detail {
 template <typename T>
 Layout token_heads_layout(const char* name, const char* const (&strides)[2], const TokenHeads<T>& v, int64_t tokens,
                           int64_t heads, int64_t head_dim) {
-  return Layout{name, v.data, int64_t{sizeof(T)}, head_dim, 2, {tokens, heads, 1}, {v.token_stride, v.head_stride, 0},
+  return Layout{name,
+                v.data,
+                int64_t{sizeof(T)},
+                head_dim,
+                2,
+                {tokens, heads, 1},
+                {v.token_stride, v.head_stride, 0},
                 {strides[0], strides[1], nullptr}};
 }
 // A paged cache as the checks see it: [pages, P, H] rows of D.
@@ -52,7 +58,8 @@ Status check_append_sizes(const AppendParams<T, C, Pos>& p) {
   if (p.norm_eps < 0.0f || !(p.norm_eps == p.norm_eps)) return fail(StatusCode::kInvalidSize, "norm_eps");
   if (p.cos_sin_cache != nullptr && p.cos_sin_cache_f32 != nullptr)
     return fail(StatusCode::kConflictingFields, "cos_sin_cache", "cos_sin_cache_f32");
-  if (p.key_in_place && p.key_out.data != nullptr) return fail(StatusCode::kConflictingFields, "key_in_place", "key_out");
+  if (p.key_in_place && p.key_out.data != nullptr)
+    return fail(StatusCode::kConflictingFields, "key_in_place", "key_out");
   if constexpr (!kIsFp8<C>) {
     if (p.key_scale != nullptr) return fail(StatusCode::kConflictingFields, "key_scale", "key_cache");
     if (p.value_scale != nullptr) return fail(StatusCode::kConflictingFields, "value_scale", "value_cache");
@@ -93,15 +100,15 @@ Status validate_append(const AppendParams<T, C, Pos>& p) {
       flat_layout("key_scale", p.key_scale, 4, p.key_scale ? scales : 0),
       flat_layout("value_scale", p.value_scale, 4, p.value_scale ? scales : 0)};
   const std::array<Layout, 5> out{
-      q_in_place ? token_heads_layout("query", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query), p.query, q_tokens,
-                                      p.query_heads, d)
-                 : token_heads_layout("query_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out), p.query_out, q_tokens,
-                                      p.query_heads, d),
-      p.key_in_place
-          ? token_heads_layout("key", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key), p.key, kv_tokens, p.heads, d)
-          : token_heads_layout("key_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key_out), p.key_out,
-                               p.key_out.data ? kv_tokens : 0, p.heads, d),
-      paged_layout("key_cache", KVROPE_DETAIL_PAGE_STRIDES(key_cache), p.key_cache, cache_pages, p.page_size, p.heads, d),
+      q_in_place
+          ? token_heads_layout("query", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query), p.query, q_tokens, p.query_heads, d)
+          : token_heads_layout("query_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out), p.query_out, q_tokens,
+                               p.query_heads, d),
+      p.key_in_place ? token_heads_layout("key", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key), p.key, kv_tokens, p.heads, d)
+                     : token_heads_layout("key_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key_out), p.key_out,
+                                          p.key_out.data ? kv_tokens : 0, p.heads, d),
+      paged_layout("key_cache", KVROPE_DETAIL_PAGE_STRIDES(key_cache), p.key_cache, cache_pages, p.page_size, p.heads,
+                   d),
       paged_layout("value_cache", KVROPE_DETAIL_PAGE_STRIDES(value_cache), p.value_cache, cache_pages, p.page_size,
                    p.heads, d),
       // (the flag too: no output may overlap it)

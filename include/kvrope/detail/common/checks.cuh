@@ -105,7 +105,8 @@ inline Status check_rows_disjoint(const Layout& t) {
 // distance the element offset of b from a: the nearest such sum is found dim by dim, from the largest
 // stride down, trying the two neighbouring multiples at each level, each within
 // i_k - j_k in [-(b.extent_k - 1), a.extent_k - 1].
-inline bool lattice_hits(const Layout& a, const Layout& b, int64_t distance, int level, const std::array<int, 3>& order) {
+inline bool lattice_hits(const Layout& a, const Layout& b, int64_t distance, int level,
+                         const std::array<int, 3>& order) {
   if (level < 0) return std::llabs(distance) < a.row;
   const int i = order[level];
   const int64_t s = a.stride[i];
