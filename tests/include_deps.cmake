@@ -1,8 +1,8 @@
 # Host test: which of kvrope's headers a translation unit that includes only one public header pulls in,
-# from the compiler's own dependency list (nvcc -M). Fails when the list has a header under FORBIDDEN
-# (the other op's internals). Prints the count and the list.
-#   cmake -DNVCC=... [-DHOST_COMPILER=...] -DINCLUDE_DIR=... -DHEADER=forward.cuh -DFORBIDDEN=detail/backward/
-#         -DWORK_DIR=... -P include_deps.cmake
+# from the compiler's own dependency list (nvcc -M). Fails when the list has a header under one of the
+# FORBIDDEN folders (the other ops' internals, separated by commas). Prints the count and the list.
+#   cmake -DNVCC=... [-DHOST_COMPILER=...] -DINCLUDE_DIR=... -DHEADER=forward.cuh
+#         -DFORBIDDEN=detail/backward/,detail/append/ -DWORK_DIR=... -P include_deps.cmake
 foreach(var IN ITEMS NVCC INCLUDE_DIR HEADER FORBIDDEN WORK_DIR)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "include_deps.cmake: ${var} is not set")
@@ -40,17 +40,20 @@ list(REMOVE_DUPLICATES headers)
 list(SORT headers)
 list(LENGTH headers count)
 message(STATUS "<kvrope/${HEADER}> alone pulls ${count} kvrope headers:")
+string(REPLACE "," ";" forbidden "${FORBIDDEN}")
 set(bad)
 foreach(h IN LISTS headers)
   message(STATUS "  ${h}")
-  string(FIND "${h}" "${FORBIDDEN}" at)
-  if(at EQUAL 0)
-    list(APPEND bad "${h}")
-  endif()
+  foreach(folder IN LISTS forbidden)
+    string(FIND "${h}" "${folder}" at)
+    if(at EQUAL 0)
+      list(APPEND bad "${h}")
+    endif()
+  endforeach()
 endforeach()
 if(NOT count GREATER 0)
   message(FATAL_ERROR "no kvrope header in the dependency list of ${tu}: the check would pass on nothing")
 endif()
 if(bad)
-  message(FATAL_ERROR "<kvrope/${HEADER}> pulls the other op's internals: ${bad}")
+  message(FATAL_ERROR "<kvrope/${HEADER}> pulls another op's internals: ${bad}")
 endif()
