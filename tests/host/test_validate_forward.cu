@@ -121,3 +121,36 @@ TEST_CASE("forward: the error flag's second cause has a status of its own", "[ho
   CHECK(std::string(to_string(StatusCode::kPositionIdOutOfRange)) == "position id out of range");
   CHECK(kErrorPositionIdOutOfRange != kErrorPositionOutOfRange);
 }
+
+TEST_CASE("forward: q in place as a view of one fused qkv projection beside k and v passes", "[host][validate]") {
+  // Phi-3's fused projection [B, S, (Hq + 2 H) D] seen as q [B, Hq, S, D], k and v [B, H, S, D]: the
+  // same strides, different head counts, rows interleaved but disjoint. Judged on address ranges, q
+  // (an output in place) overlapped k and was refused (kAliasedBuffers, "query" / "key_states").
+  std::vector<T> qkv(B * S * (Hq + 2 * H) * D);
+  std::vector<T> kc(B * H * L * D), vc(kc.size());
+  std::vector<T> cos(B * S * D), sin(cos.size());
+  std::vector<int64_t> pos(S);
+  const int64_t token = (Hq + 2 * H) * D;
+  auto view = [&](int64_t offset) { return HeadRows<T>{qkv.data() + offset, S * token, D, token}; };
+  ForwardParams<T> p;
+  p.batch = B, p.heads = H, p.seq_len = S, p.cache_len = L, p.head_dim = D, p.query_heads = Hq;
+  p.query = view(0);
+  p.key_states = view(Hq * D);
+  p.value_states = view((Hq + H) * D);
+  p.key_cache = bhsd(kc.data(), H, L, D);
+  p.value_cache = bhsd(vc.data(), H, L, D);
+  p.cache_position = pos.data();
+  p.cos = bsd<const T>(cos.data(), S, D);
+  p.sin = bsd<const T>(sin.data(), S, D);
+  expect(p, StatusCode::kSuccess, nullptr);
+  // key_out written over v's heads of the same buffer does overlap: still refused.
+  p.key_out = view((Hq + H) * D);
+  const Status s = validate(p);
+  CHECK(s.code == StatusCode::kAliasedBuffers);
+  CHECK(std::string(s.field) == "key_out");
+  CHECK(std::string(s.other) == "value_states");
+  // q one head wider than its share reaches k's first head: refused.
+  p.key_out = {};
+  p.query_heads = Hq + 1;
+  CHECK(validate(p).code == StatusCode::kAliasedBuffers);
+}
