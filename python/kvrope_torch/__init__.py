@@ -46,16 +46,43 @@ def _style(style: str) -> int:
     return code
 
 
+def _refuse_grad(op: str, **tensors: Optional[torch.Tensor]) -> None:
+    """An in-place op writes outside autograd: an input that requires grad in grad mode would lose its
+    gradient without a word, so it is refused."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            raise RuntimeError(f"kvrope: {op} writes in place outside autograd, and {name} requires grad: its "
+                               "gradient would be lost. Use kvrope_torch.forward (functional, with autograd) to "
+                               f"train, or call {op} under torch.no_grad() or torch.inference_mode()")
+
+
+@torch.compiler.disable  # reads device values: eager, a graph break under torch.compile
+def _check_positions(name: str, positions: torch.Tensor, cache_len: int) -> None:
+    """check=True: every position in [-S_max, S_max), else a ValueError (reads the positions: synchronizes)."""
+    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError("kvrope: check=True reads the positions (it synchronizes): not under CUDA graph capture")
+    bad = (positions < -cache_len) | (positions >= cache_len)
+    if bool(bad.any()):
+        index = int(bad.nonzero()[0, 0])
+        raise ValueError(f"kvrope: {name}[{index}] = {int(positions[index])} is outside [-S_max, S_max) = "
+                         f"[{-cache_len}, {cache_len}): that token's row would be dropped")
+
+
 def forward(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: torch.Tensor,
             value_cache: torch.Tensor, cache_position: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-            style: str = "rotate_half") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            style: str = "rotate_half", check: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The functional forward, with autograd: returns (new key cache, new value cache, RoPE(k)).
 
     Rows ``cache_position`` of the new caches hold RoPE(k) and v; every other row is the input's.
     Repeated positions: the last token naming a row wins; a position outside [-S_max, S_max) writes no
     row. Gradients flow to k, v, cos, sin and both incoming caches through ``kvrope::backward``
-    (docs/spec.md section 1: with a repeated row every token receives that row's gradient)."""
+    (docs/spec.md section 1: with a repeated row every token receives that row's gradient). ``check``:
+    raise a ValueError instead for a position out of range (reads the positions: synchronizes)."""
     _checks.check_tables_given(cos, sin)
+    if check:
+        _check_positions("cache_position", cache_position, key_cache.shape[2])
     return _call(_FORWARD, key_states, value_states, key_cache, value_cache, cache_position, cos, sin, 0,
                  _style(style))
 
@@ -71,18 +98,24 @@ def forward_(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: to
     from cos / sin [B or 1, S, R], or from a table cache [max_pos, R] (cos | sin, one angle a pair; T or
     fp32) indexed by ``position_ids`` [S] or [B, S] (the dtype of ``cache_position``). ``error_flag``,
     an int32 tensor of one element, gets ERROR_POSITION_OUT_OF_RANGE / ERROR_POSITION_ID_OUT_OF_RANGE
-    OR-ed in (read it after the stream; the call itself never synchronizes)."""
+    OR-ed in (read it after the stream; the call itself never synchronizes). No autograd: in grad mode
+    an input that requires grad is refused (use ``forward`` to train)."""
+    _refuse_grad("forward_", key_states=key_states, value_states=value_states, key_cache=key_cache,
+                 value_cache=value_cache, cos=cos, sin=sin, cos_sin_cache=cos_sin_cache, query=query)
     _call(_FORWARD_INPLACE, key_states, value_states, key_cache, value_cache, cache_position, cos, sin,
           cos_sin_cache, position_ids, query, query_out, key_out, error_flag, 0, _style(style))
 
 
 def backward(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_states: Optional[torch.Tensor],
              cos: torch.Tensor, sin: torch.Tensor, cache_position: torch.Tensor, *, style: str = "rotate_half",
-             table_grads: bool = True) -> Tuple[torch.Tensor, ...]:
+             table_grads: bool = True, check: bool = False) -> Tuple[torch.Tensor, ...]:
     """The backward, out of place: (grad k, grad v, grad cos, grad sin, grad of the incoming key cache,
     of the incoming value cache). grad cos / sin have the tables' shape (summed over the batch for
-    [1, S, R] tables) and are empty when ``table_grads`` is False (then key_states may be None)."""
+    [1, S, R] tables) and are empty when ``table_grads`` is False (then key_states may be None). A
+    position outside [-S_max, S_max) gets zero gradients; ``check``: a ValueError instead (synchronizes)."""
     _checks.check_tables_given(cos, sin)
+    if check:
+        _check_positions("cache_position", cache_position, grad_key_cache.shape[2])
     table_grads = bool(table_grads)
     return _call(_BACKWARD, grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
                  cache_position, 0, _style(style), table_grads)
@@ -93,6 +126,7 @@ def backward_(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_
               table_grads: bool = True) -> Tuple[torch.Tensor, ...]:
     """The backward, in place: returns (grad k, grad v, grad cos, grad sin); grad_key_cache and
     grad_value_cache become the incoming caches' gradients (their rows cache_position zeroed)."""
+    _refuse_grad("backward_", grad_key_cache=grad_key_cache, grad_value_cache=grad_value_cache)
     _checks.check_tables_given(cos, sin)
     table_grads = bool(table_grads)
     return _call(_BACKWARD_INPLACE, grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
@@ -128,7 +162,10 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
     ERROR_POSITION_ID_OUT_OF_RANGE. ``check=True`` reads the flag after the call and raises ValueError:
     that synchronizes, so it is refused under CUDA graph capture and is a graph break under torch.compile
     (a given ``error_flag`` keeps the bits of earlier calls). Otherwise the call never synchronizes and
-    allocates nothing."""
+    allocates nothing. No autograd: in grad mode an input that requires grad is refused."""
+    _refuse_grad("rope_append_", query=query, key=key, value=value, cos_sin_cache=cos_sin_cache,
+                 key_cache=key_cache, value_cache=value_cache, query_norm_weight=query_norm_weight,
+                 key_norm_weight=key_norm_weight)
     if layout == "HND":
         if key_cache.dim() != 4 or value_cache.dim() != 4:
             raise ValueError("kvrope: layout 'HND' needs caches [pages, H, P, D]")
