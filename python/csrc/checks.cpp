@@ -63,9 +63,9 @@ void check_first_rows(const char* name, const at::Tensor& x, const char* layout,
   TORCH_CHECK_VALUE(x.dim() == rank, "kvrope: ", name, " must be [", layout, "], got ", dims(x.sizes()));
   const auto t = x.scalar_type();
   const bool ok = t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || (!x.is_cuda() && t == at::kDouble);
-  TORCH_CHECK_TYPE(ok, "kvrope: ", c10::DeviceTypeName(x.device().type(), /*lower_case=*/true),
-                   " tensors must be bfloat16, float16, float32", x.is_cuda() ? "" : " or float64", ", not ",
-                   c10::toString(t));
+  TORCH_CHECK_TYPE(ok, "kvrope: ", name, " is ", c10::toString(t), ": ",
+                   c10::DeviceTypeName(x.device().type(), /*lower_case=*/true),
+                   " tensors must be bfloat16, float16, float32", x.is_cuda() ? "" : " or float64");
   TORCH_CHECK_VALUE(x.size(-1) % 2 == 0, "kvrope: head_dim must be even, not ", std::to_string(x.size(-1)));
   TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, "kvrope: ", name,
                     "'s last dim must be contiguous (stride 1), not ", std::to_string(x.stride(-1)));

@@ -55,7 +55,7 @@ def _first_rows(name: str, x: torch.Tensor, dims: str) -> Tuple[int, int, int, i
         raise ValueError(f"kvrope: {name} must be [{dims}], got {_dims(x.shape)}")
     if x.dtype not in (_CUDA_DTYPES if x.is_cuda else _CPU_DTYPES):
         also = "" if x.is_cuda else " or float64"
-        raise TypeError(f"kvrope: {x.device.type} tensors must be bfloat16, float16, float32{also}, not {x.dtype}")
+        raise TypeError(f"kvrope: {name} is {x.dtype}: {x.device.type} tensors must be bfloat16, float16, float32{also}")
     if x.shape[3] % 2:
         raise ValueError(f"kvrope: head_dim must be even, not {x.shape[3]}")
     _check_last_dim(name, x)
@@ -225,7 +225,7 @@ def check_append(query, key, value, positions, cos_sin_cache, key_cache, value_c
         raise ValueError(f"kvrope: key must be [T, H, D], got {_dims(key.shape)}")
     if key.dtype not in (_CUDA_DTYPES if key.is_cuda else _CPU_DTYPES):
         also = "" if key.is_cuda else " or float64"
-        raise TypeError(f"kvrope: {key.device.type} tensors must be bfloat16, float16, float32{also}, not {key.dtype}")
+        raise TypeError(f"kvrope: key is {key.dtype}: {key.device.type} tensors must be bfloat16, float16, float32{also}")
     n, h, d = key.shape
     if d % 2:
         raise ValueError(f"kvrope: head_dim must be even, not {d}")

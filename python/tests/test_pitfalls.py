@@ -26,7 +26,8 @@ def test_forward_in_place_refuses_inputs_that_require_grad():
         kvrope_torch.forward_(k, v, kc, vc, pos, cos, sin)
     with torch.no_grad():  # inference: allowed, and it writes
         kvrope_torch.forward_(k, v, kc, vc, pos, cos, sin)
-    assert torch.equal(kc[:, :, 3:3 + S], kvrope_torch.forward(k.detach(), v.detach(), kc, vc, pos, cos, sin)[0][:, :, 3:3 + S])
+    expected = kvrope_torch.forward(k.detach(), v.detach(), kc, vc, pos, cos, sin)[0]
+    assert torch.equal(kc[:, :, 3:3 + S], expected[:, :, 3:3 + S])
     # The functional forward joins autograd: the gradient reaches k.
     new_kc, new_vc, _ = kvrope_torch.forward(k, v, kc, vc, pos, cos, sin)
     (new_kc.sum() + new_vc.sum()).backward()
@@ -63,3 +64,15 @@ def test_functional_ops_can_raise_on_dropped_positions(op):
         call(check=True)
     pos[2] = -L  # wraps to row 0: in range
     call(check=True)
+
+
+def test_a_bad_dtype_names_its_argument():
+    # Before: "kvrope: cpu tensors must be bfloat16, float16, float32 or float64, not torch.int32",
+    # naming no argument.
+    k, v, kc, vc, pos, cos, sin = _inputs()
+    with pytest.raises(TypeError, match="key_states is torch.int32: cpu tensors must be bfloat16"):
+        kvrope_torch.forward(k.int(), v, kc, vc, pos, cos, sin)
+    with pytest.raises(TypeError, match="grad_key_cache is torch.int32"):
+        kvrope_torch.backward(kc.int(), vc, k, cos, sin, pos)
+    with pytest.raises(TypeError, match="value_states is torch.float16, key_states torch.float32"):
+        kvrope_torch.forward(k, v.half(), kc, vc, pos, cos, sin)
