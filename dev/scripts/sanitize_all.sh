@@ -2,7 +2,8 @@
 # Runs compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over every test case of every
 # GPU test binary, one process per (tool, test case), JOBS at a time, each under a timeout.
 # Usage: dev/scripts/sanitize_all.sh BUILD_DIR OUT_DIR [TOOLS]
-#   JOBS (default 12), SANITIZE_TIMEOUT seconds per process (default 500)
+#   JOBS (default 12), SANITIZE_TIMEOUT seconds per process (default 500),
+#   BINARIES the test binaries' glob under BUILD_DIR/tests/gpu (default gpu_*)
 # Prints one line per process ("tool binary [test case]: rc N, summary") and a last line with the
 # count of failures; exits non-zero when any process failed or timed out.
 set -uo pipefail
@@ -14,7 +15,7 @@ jobs_file=$out/sanitize-jobs.txt
 : > "$jobs_file"
 # racecheck first: it is the slowest.
 for tool in $tools; do
-  for bin in "$build"/tests/gpu/gpu_*; do
+  for bin in "$build"/tests/gpu/${BINARIES:-gpu_*}; do
     # Catch2 v2 lists the names with --list-test-names-only, v3 with --list-tests --verbosity quiet.
     list=(--list-test-names-only)
     "$bin" "${list[@]}" 2>&1 | grep -q 'Unrecognised token' && list=(--list-tests --verbosity quiet)
