@@ -133,6 +133,7 @@ struct AppendPlan {
   int lanes = 0;          //!< lanes a head row (a power of two, at most 32)
   int grid = 0;           //!< blocks
   int block = 0;          //!< threads per block
+  int tile_tokens = 0;    //!< consecutive tokens a block takes at a time
 };
 
 }  // namespace kvrope

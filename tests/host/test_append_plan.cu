@@ -48,7 +48,7 @@ TEST_CASE("append plan: lanes a row are the power of two that holds its units", 
   CHECK(append_lanes(64) == 32);  // more units than a warp: each lane loops
 }
 
-TEST_CASE("append plan: rows, lanes, the repeat bitmask and the grid of a prefill", "[host][plan]") {
+TEST_CASE("append plan: rows, lanes, tiles and the grid of a prefill", "[host][plan]") {
   AppendArgs<T, T> a = append_args(shape(4096, 8, 32, 128));
   REQUIRE(validate(shape(4096, 8, 32, 128)).ok());  // the fused views do not overlap
   REQUIRE(append_vectorizable(a));
@@ -64,30 +64,50 @@ TEST_CASE("append plan: rows, lanes, the repeat bitmask and the grid of a prefil
   CHECK(a.rotary_units == 8);
   CHECK(plan.lanes == 8);
   CHECK(a.rows == 4096 * (32 + 2 * 8));
-  CHECK(a.mask_words == 4096 * kAppendMaskBitsPerToken / 32);
-  CHECK(append_shared_bytes(a) == 2 * 4096 * kAppendMaskBitsPerToken / 8);
+  CHECK(a.table_row_bytes == 128 * 4);  // fp32 cos and sin, R = 128
+  CHECK(a.table_copy_bytes == 16);
+  CHECK(a.tile_tokens == 16);  // ceil(4096 / 264): one tile a block
+  CHECK(plan.tile_tokens == 16);
+  CHECK(a.tiles == 256);
+  CHECK(a.hash_slots == 32);
+  CHECK(append_shared_bytes(a) == 16 * 512 + 16 * 8 + 32 * 16);
   CHECK(plan.block == kAppendBlockThreads);
-  CHECK(plan.grid == 132 * 2);  // one wave at most
+  CHECK(plan.grid == 256);
 }
 
-TEST_CASE("append plan: one token has no bitmask; a small call a small grid", "[host][plan]") {
+TEST_CASE("append plan: a tile's tokens fill one wave, up to what its shared memory holds", "[host][plan]") {
   AppendArgs<T, T> a = append_args(shape(1, 8, 32, 128));
   AppendPlan plan{};
   plan_append_launch(a, 8, 132, 2, plan);
-  CHECK(a.mask_words == 0);
-  CHECK(append_shared_bytes(a) == 0);
-  const int64_t rows_a_block = kAppendBlockThreads / 8 * kAppendRowsInFlight;
-  CHECK(plan.grid == (48 + rows_a_block - 1) / rows_a_block);
+  CHECK(a.tile_tokens == 1);
+  CHECK(plan.grid == 1);
+  a = append_args(shape(1 << 20, 8, 32, 128));
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.tile_tokens == 64);  // 64 fp32 table rows of 512 bytes and their slots fit 48 KiB, 128 do not
+  CHECK(append_shared_bytes(a) <= kAppendSharedBudget);
+  CHECK(append_most_shared_bytes(a) == append_shared_bytes(a));
+  CHECK(plan.grid == 264);
+  AppendParams<T, T> p = shape(1 << 20, 8, 32, 128);
+  p.cos_sin_cache_f32 = nullptr;
+  p.cos_sin_cache = reinterpret_cast<const T*>(0x30000000);  // a bf16 table: rows of 256 bytes
+  a = append_args(p);
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.tile_tokens == kAppendTileMaxTokens);
+  p = shape(1 << 20, 0, 32, 128);  // q only: no slots, no slot table
+  a = append_args(p);
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.hash_slots == 0);
 }
 
-TEST_CASE("append plan: the bitmask grows with the tokens up to its cap", "[host][plan]") {
-  AppendArgs<T, T> a = append_args(shape(2, 8, 0, 128));
-  AppendPlan plan{};
-  plan_append_launch(a, 8, 132, 2, plan);
-  CHECK(a.mask_words == 32);  // the smallest: 1,024 bits
-  a = append_args(shape(1 << 20, 1, 0, 128));
-  plan_append_launch(a, 8, 132, 2, plan);
-  CHECK(a.mask_words == kAppendMaskMaxWords);
+TEST_CASE("append plan: table rows copied as wide as their size and start allow", "[host][plan]") {
+  AppendParams<T, T> p = shape(8, 8, 32, 128);
+  p.rotary_dim = 2;  // 8 bytes of fp32
+  CHECK(append_table_copy_bytes(append_args(p)) == 8);
+  p.cos_sin_cache_f32 = nullptr;
+  p.cos_sin_cache = reinterpret_cast<const T*>(0x30000002);  // bf16, 4 bytes a row, 2-byte aligned
+  CHECK(append_table_copy_bytes(append_args(p)) == 2);
+  p.cos_sin_cache = reinterpret_cast<const T*>(0x30000004);
+  CHECK(append_table_copy_bytes(append_args(p)) == 4);
 }
 
 TEST_CASE("append plan: the scalar path for misaligned rows, D and R", "[host][plan]") {

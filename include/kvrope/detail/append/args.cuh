@@ -9,6 +9,24 @@
 
 namespace kvrope::detail {
 
+//! Where a tile's staged state lies in dynamic shared memory (byte offsets), and its size: the table
+//! rows [tile_tokens][table_row_bytes], each token's slot to write, and the slot table (keys, the last
+//! token of the tile naming each, whether a later token names it).
+struct AppendShared {
+  int table, slots, keys, last, later, bytes;
+};
+
+__host__ __device__ inline AppendShared append_shared_layout(int tile_tokens, int hash_slots, int table_row_bytes) {
+  AppendShared s{};
+  s.table = 0;
+  s.slots = tile_tokens * table_row_bytes;  // (a multiple of 16)
+  s.keys = s.slots + tile_tokens * 8;
+  s.last = s.keys + hash_slots * 8;
+  s.later = s.last + hash_slots * 4;
+  s.bytes = s.later + hash_slots * 4;
+  return s;
+}
+
 //! The append as its kernel sees it. A token's rows are numbered j in [0, Hq + 2 H): q heads, then k
 //! heads, then v heads, so that one walk over rows covers every row a token writes.
 template <typename T, typename C>
@@ -37,12 +55,16 @@ struct AppendArgs {
   bool scale_per_head;
   int* error_flag;
   // The plan (plan.cuh):
-  int units;            // units a row: D / (2 N), N the elements of a chunk
-  int rotary_units;     // units of the rotated part: R / (2 N)
-  int lanes;            // lanes a row: a power of two, at most 32
-  int64_t rows;         // T (Hq + 2 H)
-  int64_t mask_words;   // 32-bit words of each repeat bitmask (0: no repeat check)
-  FastDivmod div_rows;  // row -> (token, j)
+  int units;             // units a row: D / (2 N), N the elements of a chunk
+  int rotary_units;      // units of the rotated part: R / (2 N)
+  int lanes;             // lanes a row: a power of two, at most 32
+  int64_t rows;          // T (Hq + 2 H)
+  FastDivmod div_rows;   // a tile's row -> (token, j)
+  int tile_tokens;       // tokens a tile: a block's unit of work, its tables and slots staged
+  int64_t tiles;         // ceil(T / tile_tokens)
+  int hash_slots;        // entries of a tile's slot table, a power of two >= 2 tile_tokens (0: no cache rows)
+  int table_row_bytes;   // shared bytes of one staged table row: R elements, rounded up to 16
+  int table_copy_bytes;  // bytes one asynchronous copy of a table row moves: 16, 8, 4, or 2 (plain copies)
 };
 
 }  // namespace kvrope::detail

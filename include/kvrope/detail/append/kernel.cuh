@@ -1,5 +1,7 @@
-// The append kernel: a group of lanes a head row (q, k or v of one token); each lane a unit (two chunks
-// of the row). q and k are RMS-normed (optionally) and rotated, k and v written to their cache slots.
+// The append kernel: a block takes tiles of consecutive tokens; it stages each tile's table rows and the
+// slots its tokens write in shared memory, then a group of lanes a head row (q, k or v of one token),
+// each lane a unit (two chunks of the row). q and k are RMS-normed (optionally) and rotated, k and v
+// written to their cache slots.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -17,45 +19,53 @@
 
 namespace kvrope::detail {
 
-//! Slots a thread loads at once while checking them for repeats.
+//! Slots a thread loads at once while scanning the later tokens for the tile's slots.
 inline constexpr int kAppendSlotLoads = 8;
+//! An empty key of a tile's slot table (no slot in range has all bits set).
+inline constexpr unsigned long long kAppendNoSlot = ~0ull;
 
-// Whether the slot of token t may be named again by a later token: false for every token when the
-// non-negative slots increase strictly and negative ones (padding) only follow them, checked with one
-// load of every slot and one barrier. Otherwise the block marks in `masks` ([seen | named twice],
-// mask_words each) the slots, hashed, that are named twice.
-template <typename T, typename C>
-__device__ __forceinline__ bool block_slots_may_repeat(const AppendArgs<T, C>& a, uint32_t* masks) {
-  bool increasing = true;
-  for (int64_t t0 = threadIdx.x; t0 < a.tokens; t0 += kAppendSlotLoads * int64_t{blockDim.x}) {
-    int64_t s[kAppendSlotLoads], prev[kAppendSlotLoads];  // all issued before any is used
-#pragma unroll
-    for (int k = 0; k < kAppendSlotLoads; ++k) {
-      const int64_t t = t0 + k * int64_t{blockDim.x};
-      s[k] = t < a.tokens ? a.slots[t] : -1;
-      prev[k] = t > 0 && t < a.tokens ? a.slots[t - 1] : -1;
-    }
-#pragma unroll
-    for (int k = 0; k < kAppendSlotLoads; ++k) {
-      const int64_t t = t0 + k * int64_t{blockDim.x};
-      increasing &= t == 0 || t >= a.tokens || (prev[k] < 0 ? s[k] < 0 : s[k] > prev[k] || s[k] < 0);
-    }
+// A tile's staged state in shared memory (AppendShared): `slot[i]` is the slot token first + i writes,
+// -1 when it writes no cache row, -2 when its position is out of range (it writes nothing).
+struct AppendTile {
+  int64_t first;
+  int count;
+  unsigned char* table;
+  int64_t* slot;
+  unsigned long long* keys;
+  int* last;   // the tile's last token naming the key's slot with its position in range
+  int* later;  // 1: a later token of the call names it (with its position in range)
+};
+
+__device__ __forceinline__ AppendTile append_tile(unsigned char* shared, const AppendShared& at, int64_t first,
+                                                  int count) {
+  return {first,
+          count,
+          shared + at.table,
+          reinterpret_cast<int64_t*>(shared + at.slots),
+          reinterpret_cast<unsigned long long*>(shared + at.keys),
+          reinterpret_cast<int*>(shared + at.last),
+          reinterpret_cast<int*>(shared + at.later)};
+}
+
+__device__ __forceinline__ int slot_hash(int64_t slot, int hash_slots) {
+  return static_cast<int>((static_cast<uint64_t>(slot) * 0x9E3779B97F4A7C15ull) >> 32) & (hash_slots - 1);
+}
+
+// The entry of `slot` in the tile's slot table, inserted if absent (the table holds twice the tile's tokens).
+__device__ __forceinline__ int insert_slot(const AppendTile& tl, int hash_slots, int64_t slot) {
+  for (int e = slot_hash(slot, hash_slots);; e = (e + 1) & (hash_slots - 1)) {
+    const unsigned long long prev = atomicCAS(&tl.keys[e], kAppendNoSlot, static_cast<unsigned long long>(slot));
+    if (prev == kAppendNoSlot || prev == static_cast<unsigned long long>(slot)) return e;
   }
-  if (__syncthreads_and(increasing)) return false;
-  uint32_t* seen = masks;
-  uint32_t* dup = masks + a.mask_words;
-  for (int64_t i = threadIdx.x; i < 2 * a.mask_words; i += blockDim.x) masks[i] = 0;
-  __syncthreads();
-  const uint64_t hash = static_cast<uint64_t>(a.mask_words * 32 - 1);
-  for (int64_t t = threadIdx.x; t < a.tokens; t += blockDim.x) {
-    const int64_t s = a.slots[t];
-    if (s < 0 || s >= a.num_slots) continue;
-    const uint64_t h = static_cast<uint64_t>(s) & hash;
-    const uint32_t bit = 1u << (h & 31);
-    if (atomicOr(&seen[h >> 5], bit) & bit) atomicOr(&dup[h >> 5], bit);
+}
+
+// The entry of `slot`, or -1 when no token of the tile names it.
+__device__ __forceinline__ int find_slot(const AppendTile& tl, int hash_slots, int64_t slot) {
+  for (int e = slot_hash(slot, hash_slots);; e = (e + 1) & (hash_slots - 1)) {
+    const unsigned long long key = tl.keys[e];
+    if (key == static_cast<unsigned long long>(slot)) return e;
+    if (key == kAppendNoSlot) return -1;
   }
-  __syncthreads();
-  return true;
 }
 
 template <typename T, typename C>
@@ -64,15 +74,98 @@ __device__ __forceinline__ bool append_position_ok(const AppendArgs<T, C>& a, in
   return p >= 0 && p < a.max_position;
 }
 
-// Whether token t is the last to write slot s: no later token with a position in range names s. Only
-// slots the block's bitmask marks as named twice scan the later tokens.
+// Copies `bytes` (16, 8 or 4) from global to shared memory without a register (sm_80+: cp.async).
+__device__ __forceinline__ void copy_to_shared_async(void* dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  if (bytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  else if (bytes == 8)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+#else
+  if (bytes == 16)
+    *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+  else if (bytes == 8)
+    *static_cast<uint2*>(dst) = *static_cast<const uint2*>(src);
+  else
+    *static_cast<uint32_t*>(dst) = *static_cast<const uint32_t*>(src);
+#endif
+}
+
+__device__ __forceinline__ void wait_shared_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// Stages tile `tl` (every thread of the block; it ends with a barrier): each token's slot, its table row
+// (copied while the later tokens' slots are scanned), and whether it is the last to write its slot: no
+// later token with its position in range names it, in the tile (the slot table's `last`) or after it
+// (a scan of every later slot against the table). A bad position or slot sets its bit of the error flag.
 template <typename T, typename C>
-__device__ __forceinline__ bool last_slot_writer(const AppendArgs<T, C>& a, const uint32_t* dup, int64_t t, int64_t s) {
-  const uint64_t h = static_cast<uint64_t>(s) & static_cast<uint64_t>(a.mask_words * 32 - 1);
-  if (((dup[h >> 5] >> (h & 31)) & 1u) == 0) return true;
-  for (int64_t u = t + 1; u < a.tokens; ++u)
-    if (a.slots[u] == s && append_position_ok(a, u)) return false;
-  return true;
+__device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const AppendTile& tl) {
+  const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  const int hs = a.hash_slots;
+  for (int e = tid; e < hs; e += threads) {
+    tl.keys[e] = kAppendNoSlot;
+    tl.last[e] = -1;
+    tl.later[e] = 0;
+  }
+  for (int i = tid; i < tl.count; i += threads) {
+    const int64_t t = tl.first + i;
+    const int64_t p = index_value(load_raw_index(a.positions, a.positions_are_int64, t), a.positions_are_int64);
+    int64_t s = hs > 0 ? a.slots[t] : -1;
+    if (p < 0 || p >= a.max_position) {
+      if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrorPositionIdOutOfRange);
+      s = -2;
+    } else {
+      if (s >= a.num_slots) {
+        if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrorSlotOutOfRange);
+        s = -1;
+      }
+      s = s < 0 ? -1 : s;
+      const int bytes = static_cast<int>(a.rotary_dim) * (a.table_f32 ? 4 : static_cast<int>(sizeof(T)));
+      const unsigned char* src = static_cast<const unsigned char*>(a.table) + p * bytes;
+      unsigned char* dst = tl.table + int64_t{i} * a.table_row_bytes;
+      if (a.table_copy_bytes >= 4) {
+        for (int b = 0; b < bytes; b += a.table_copy_bytes) copy_to_shared_async(dst + b, src + b, a.table_copy_bytes);
+      } else {
+        for (int b = 0; b < bytes; b += 2)
+          *reinterpret_cast<uint16_t*>(dst + b) = *reinterpret_cast<const uint16_t*>(src + b);
+      }
+    }
+    tl.slot[i] = s;
+  }
+  __syncthreads();
+  if (hs > 0) {
+    for (int i = tid; i < tl.count; i += threads)
+      if (tl.slot[i] >= 0) atomicMax(&tl.last[insert_slot(tl, hs, tl.slot[i])], i);
+    __syncthreads();
+    for (int64_t u0 = tl.first + tl.count + tid; u0 < a.tokens; u0 += kAppendSlotLoads * int64_t{threads}) {
+      int64_t s[kAppendSlotLoads];  // all issued before any is used
+#pragma unroll
+      for (int k = 0; k < kAppendSlotLoads; ++k) {
+        const int64_t u = u0 + k * int64_t{threads};
+        s[k] = u < a.tokens ? a.slots[u] : -1;
+      }
+#pragma unroll
+      for (int k = 0; k < kAppendSlotLoads; ++k) {
+        if (s[k] < 0 || s[k] >= a.num_slots) continue;
+        const int e = find_slot(tl, hs, s[k]);
+        if (e >= 0 && append_position_ok(a, u0 + k * int64_t{threads})) atomicOr(&tl.later[e], 1);
+      }
+    }
+    __syncthreads();
+    for (int i = tid; i < tl.count; i += threads) {
+      if (tl.slot[i] < 0) continue;
+      const int e = find_slot(tl, hs, tl.slot[i]);
+      if (tl.last[e] != i || tl.later[e] != 0) tl.slot[i] = -1;  // a later token writes the slot
+    }
+  }
+  wait_shared_copies();
+  __syncthreads();
 }
 
 // N values rounded to the cache's type and stored at `dst` as one access (fp8: x / scale, saturated).
@@ -110,40 +203,45 @@ enum class RowKind : int { kQuery, kKey, kValue };
 
 // One head row of one token, as the kernel walks it.
 struct AppendRow {
-  uint32_t token;
+  int64_t token;
+  int local;  // the token's index in its tile
   int head;
   RowKind kind;
 };
 
+// Row r of tile `tl`: a token's rows are numbered j in [0, Hq + 2 H), q heads, then k heads, then v heads.
 template <typename T, typename C>
-__device__ __forceinline__ AppendRow append_row(const AppendArgs<T, C>& a, uint32_t row) {
-  AppendRow r;
-  r.token = a.div_rows.div32(row);
-  const int j = static_cast<int>(row - r.token * a.div_rows.divisor);
+__device__ __forceinline__ AppendRow append_row(const AppendArgs<T, C>& a, const AppendTile& tl, int r) {
+  AppendRow row;
+  row.local = static_cast<int>(a.div_rows.div32(static_cast<uint32_t>(r)));
+  row.token = tl.first + row.local;
+  const int j = r - row.local * static_cast<int>(a.div_rows.divisor);
   const int q = static_cast<int>(a.q_heads), h = static_cast<int>(a.heads);
-  r.kind = j < q ? RowKind::kQuery : j < q + h ? RowKind::kKey : RowKind::kValue;
-  r.head = r.kind == RowKind::kQuery ? j : r.kind == RowKind::kKey ? j - q : j - q - h;
-  return r;
+  row.kind = j < q ? RowKind::kQuery : j < q + h ? RowKind::kKey : RowKind::kValue;
+  row.head = row.kind == RowKind::kQuery ? j : row.kind == RowKind::kKey ? j - q : j - q - h;
+  return row;
 }
 
-// One unit of a row: where it lies and its two chunks as loaded.
+template <typename T, typename C>
+__device__ __forceinline__ const T* row_source(const AppendArgs<T, C>& a, const AppendRow& r) {
+  return r.kind == RowKind::kQuery ? a.q.row(r.token, r.head)
+         : r.kind == RowKind::kKey ? a.k.row(r.token, r.head)
+                                   : a.v.row(r.token, r.head);
+}
+
+// A unit's two chunks as loaded.
 template <typename T, int N>
-struct AppendUnit {
-  UnitPlace pl;
+struct UnitChunks {
   Vec<T, N> lo, hi;
 };
 
-template <typename T, typename C, int N>
-__device__ __forceinline__ AppendUnit<T, N> load_unit(const AppendArgs<T, C>& a, const T* row, int u) {
-  AppendUnit<T, N> x;
-  x.pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, a.rotary_units, u);
-  x.lo = load_vec<cub::LOAD_CS, T, N>(row + x.pl.lo);
-  x.hi = load_vec<cub::LOAD_CS, T, N>(row + x.pl.hi);
-  return x;
+template <typename T, int N>
+__device__ __forceinline__ UnitChunks<T, N> load_chunks(const T* row, const UnitPlace& pl) {
+  return {load_vec<cub::LOAD_CS, T, N>(row + pl.lo), load_vec<cub::LOAD_CS, T, N>(row + pl.hi)};
 }
 
 template <typename T, int N>
-__device__ __forceinline__ float unit_square_sum(const AppendUnit<T, N>& x) {
+__device__ __forceinline__ float unit_square_sum(const UnitChunks<T, N>& x) {
   float lo[N], hi[N];
   x.lo.to_float(lo);
   x.hi.to_float(hi);
@@ -153,45 +251,75 @@ __device__ __forceinline__ float unit_square_sum(const AppendUnit<T, N>& x) {
   return s;
 }
 
-// A row's context once its token's position and slot are known.
+// A row's context once its token's staged state is known.
 template <typename T, typename C>
 struct AppendRowContext {
   AppendRow r;
-  int64_t table_row;  // the position
-  C* cache_row;       // the cache row to write, or null
-  float scale;        // the cache's scale (fp8)
-  const T* norm;      // the norm weights, or null
-  float inv_rms;      // the row's norm factor
+  const unsigned char* table;  // the token's staged table row
+  C* cache_row;                // the cache row to write, or null
+  float scale;                 // the cache's scale (fp8)
+  const T* norm;               // the norm weights, or null
+  float inv_rms;               // the row's norm factor
 };
+
+// The context of row `r` of tile `tl`: false when its token writes nothing (its position is out of range).
+template <typename T, typename C>
+__device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const AppendTile& tl, const AppendRow& r,
+                                            AppendRowContext<T, C>& ctx) {
+  ctx.r = r;
+  const int64_t slot = tl.slot[r.local];
+  if (slot == -2) return false;
+  ctx.table = tl.table + int64_t{r.local} * a.table_row_bytes;
+  ctx.cache_row = nullptr;
+  ctx.scale = 1.0f;
+  if (r.kind != RowKind::kQuery && slot >= 0) {
+    uint64_t offset = 0;
+    const uint64_t page = a.div_page.divmod(static_cast<uint64_t>(slot), offset);
+    const PagedCache<C>& cache = r.kind == RowKind::kKey ? a.k_cache : a.v_cache;
+    ctx.cache_row = cache.row(static_cast<int64_t>(page), static_cast<int64_t>(offset), r.head);
+    if constexpr (kIsFp8<C>) {
+      const float* scale = r.kind == RowKind::kKey ? a.k_scale : a.v_scale;
+      if (scale != nullptr) ctx.scale = scale[a.scale_per_head ? r.head : 0];
+    }
+  }
+  ctx.norm = r.kind == RowKind::kQuery ? a.q_norm : r.kind == RowKind::kKey ? a.k_norm : nullptr;
+  ctx.inv_rms = 1.0f;
+  return true;
+}
+
+template <typename T, typename C>
+__device__ __forceinline__ float row_inv_rms(const AppendArgs<T, C>& a, float square_sum) {
+  return rsqrtf(square_sum / static_cast<float>(a.head_dim) + a.norm_eps);
+}
 
 // Normalizes (when asked), rotates and rounds one unit of a q or k row; v rows come out as loaded.
 template <typename T, typename C, int N>
 __device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
-                                            AppendUnit<T, N>& x) {
-  if (ctx.r.kind == RowKind::kValue || (ctx.norm == nullptr && !x.pl.rotated)) return;  // bit-exact copy
+                                            const UnitPlace& pl, UnitChunks<T, N>& x) {
+  if (ctx.r.kind == RowKind::kValue || (ctx.norm == nullptr && !pl.rotated)) return;  // bit-exact copy
   RopeChunk<N> f;
   x.lo.to_float(f.lo);
   x.hi.to_float(f.hi);
   if (ctx.norm != nullptr) {
     float wl[N], wh[N];
-    load_vec<cub::LOAD_DEFAULT, T, N>(ctx.norm + x.pl.lo).to_float(wl);
-    load_vec<cub::LOAD_DEFAULT, T, N>(ctx.norm + x.pl.hi).to_float(wh);
+    load_vec<cub::LOAD_DEFAULT, T, N>(ctx.norm + pl.lo).to_float(wl);
+    load_vec<cub::LOAD_DEFAULT, T, N>(ctx.norm + pl.hi).to_float(wh);
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       f.lo[i] = f.lo[i] * ctx.inv_rms * (wl[i] + a.norm_offset);
       f.hi[i] = f.hi[i] * ctx.inv_rms * (wh[i] + a.norm_offset);
     }
   }
-  if (x.pl.rotated) {
+  if (pl.rotated) {
     RopeChunk<N> c, s;
     if (a.table_f32) {
-      const float* cs = static_cast<const float*>(a.table) + ctx.table_row * a.rotary_dim;
-      load_cached_angles<N>(cs, cs + a.rotary_dim / 2, x.pl, c, s);
+      const float* cs = reinterpret_cast<const float*>(ctx.table);
+      load_cached_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
     } else {
-      const T* cs = static_cast<const T*>(a.table) + ctx.table_row * a.rotary_dim;
-      load_cached_angles<N>(cs, cs + a.rotary_dim / 2, x.pl, c, s);
+      const T* cs = reinterpret_cast<const T*>(ctx.table);
+      load_cached_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
     }
-    f = x.pl.cross ? rope_forward(f, c, s) : rope_forward_interleaved(f, c, s);
+    f = pl.cross ? rope_forward(f, c, s) : rope_forward_interleaved(f, c, s);
   }
   x.lo = Vec<T, N>::from_float(f.lo);
   x.hi = Vec<T, N>::from_float(f.hi);
@@ -200,10 +328,10 @@ __device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const App
 // Stores a finished unit wherever its row goes.
 template <typename T, typename C, int N>
 __device__ __forceinline__ void store_unit(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
-                                           const AppendUnit<T, N>& x) {
+                                           const UnitPlace& pl, const UnitChunks<T, N>& x) {
   auto store_pair = [&](T* row) {
-    store_vec(row + x.pl.lo, x.lo);
-    store_vec(row + x.pl.hi, x.hi);
+    store_vec(row + pl.lo, x.lo);
+    store_vec(row + pl.hi, x.hi);
   };
   const AppendRow& r = ctx.r;
   if (r.kind == RowKind::kQuery) {
@@ -215,127 +343,92 @@ __device__ __forceinline__ void store_unit(const AppendArgs<T, C>& a, const Appe
     if (a.k_back.data != nullptr) store_pair(a.k_back.row(r.token, r.head));
   }
   if (ctx.cache_row != nullptr) {
-    store_cache_chunk<T, C, N>(ctx.cache_row + x.pl.lo, x.lo, ctx.scale);
-    store_cache_chunk<T, C, N>(ctx.cache_row + x.pl.hi, x.hi, ctx.scale);
+    store_cache_chunk<T, C, N>(ctx.cache_row + pl.lo, x.lo, ctx.scale);
+    store_cache_chunk<T, C, N>(ctx.cache_row + pl.hi, x.hi, ctx.scale);
   }
 }
 
-// The context of row `r`: false when its token writes nothing (its position is out of range). The
-// first lane of a token's first row reports a bad position, of its first k row a bad slot.
-template <typename T, typename C>
-__device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const uint32_t* dup, bool may_repeat,
-                                            const RawIndex& position, int64_t slot, int lane,
-                                            AppendRowContext<T, C>& ctx) {
-  const AppendRow& r = ctx.r;
-  ctx.table_row = index_value(position, a.positions_are_int64);
-  const bool first_row = r.head == 0 && (r.kind == RowKind::kQuery || (r.kind == RowKind::kKey && a.q_heads == 0));
-  if (ctx.table_row < 0 || ctx.table_row >= a.max_position) {
-    if (first_row && lane == 0 && a.error_flag != nullptr) atomicOr(a.error_flag, kErrorPositionIdOutOfRange);
-    return false;
+// Finishes and stores row r of the tile from the unit lane holds (every lane of the row's group: the
+// norm's sum is a group shuffle).
+template <typename T, typename C, int N>
+__device__ __forceinline__ void finish_row(const AppendArgs<T, C>& a, const AppendTile& tl, int r, const UnitPlace& pl,
+                                           bool active, UnitChunks<T, N>& x) {
+  AppendRowContext<T, C> ctx;
+  if (!row_context(a, tl, append_row(a, tl, r), ctx)) return;
+  if (ctx.norm != nullptr) ctx.inv_rms = row_inv_rms(a, group_sum(active ? unit_square_sum(x) : 0.0f, a.lanes));
+  if (active) {
+    finish_unit<T, C, N>(a, ctx, pl, x);
+    store_unit<T, C, N>(a, ctx, pl, x);
   }
-  ctx.cache_row = nullptr;
-  ctx.scale = 1.0f;
-  if (r.kind != RowKind::kQuery && slot >= 0) {
-    if (slot >= a.num_slots) {
-      if (r.kind == RowKind::kKey && r.head == 0 && lane == 0 && a.error_flag != nullptr)
-        atomicOr(a.error_flag, kErrorSlotOutOfRange);
-    } else if (!may_repeat || last_slot_writer(a, dup, r.token, slot)) {
-      uint64_t offset = 0;
-      const uint64_t page = a.div_page.divmod(static_cast<uint64_t>(slot), offset);
-      const PagedCache<C>& cache = r.kind == RowKind::kKey ? a.k_cache : a.v_cache;
-      ctx.cache_row = cache.row(static_cast<int64_t>(page), static_cast<int64_t>(offset), r.head);
-      if constexpr (kIsFp8<C>) {
-        const float* scale = r.kind == RowKind::kKey ? a.k_scale : a.v_scale;
-        if (scale != nullptr) ctx.scale = scale[a.scale_per_head ? r.head : 0];
-      }
-    }
-  }
-  ctx.norm = r.kind == RowKind::kQuery ? a.q_norm : r.kind == RowKind::kKey ? a.k_norm : nullptr;
-  ctx.inv_rms = 1.0f;
-  return true;
 }
 
-template <typename T, typename C>
-__device__ __forceinline__ const T* row_source(const AppendArgs<T, C>& a, const AppendRow& r) {
-  return r.kind == RowKind::kQuery ? a.q.row(r.token, r.head)
-         : r.kind == RowKind::kKey ? a.k.row(r.token, r.head)
-                                   : a.v.row(r.token, r.head);
-}
-
-template <typename T, typename C>
-__device__ __forceinline__ float row_inv_rms(const AppendArgs<T, C>& a, float square_sum) {
-  return rsqrtf(square_sum / static_cast<float>(a.head_dim) + a.norm_eps);
-}
-
-//! The append. N: elements a chunk (16 bytes, or 1 when a row or stride is not aligned). kSingle: a
-//! lane holds one unit of its row (units <= lanes), and a group kAppendRowsInFlight rows at once,
-//! all loaded before any is finished (the first ones before the block checks the slots for repeats,
-//! so that one round trip covers both); else each lane loops over the units of its row (the norm
-//! then reads the row twice).
+//! The append. N: elements a chunk (16 bytes, or 1 when a row or stride is not aligned). A block takes
+//! tiles (a.tile_tokens consecutive tokens) in turn and stages each (stage_tile); its groups of a.lanes
+//! lanes then take the tile's rows. kSingle: a lane holds one unit of its row (units <= lanes), a group
+//! kAppendRowsInFlight rows in each of two buffers, the next rows loading while the current ones are
+//! finished (the first ones before the tile is staged); else each lane loops over the units of its row
+//! (the norm then reads the row twice).
 template <typename T, typename C, int N, bool kSingle>
 __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) append_kernel(const AppendArgs<T, C> a) {
-  extern __shared__ uint32_t masks[];
-  const uint32_t* dup = masks + a.mask_words;
+  extern __shared__ __align__(16) unsigned char shared[];
+  const AppendShared at = append_shared_layout(a.tile_tokens, a.hash_slots, a.table_row_bytes);
   const int lanes = a.lanes;
   const int lane = static_cast<int>(threadIdx.x) & (lanes - 1);
-  const int64_t stride = (int64_t{gridDim.x} * blockDim.x) / lanes;  // rows a grid holds at once
-  int64_t row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / lanes;
-  if constexpr (kSingle) {
-    constexpr int kRows = kAppendRowsInFlight;
-    AppendRowContext<T, C> ctx[kRows];
-    RawIndex position[kRows];
-    int64_t slot[kRows];
-    AppendUnit<T, N> x[kRows];
-    const bool active = lane < a.units;
-    // Row k of a step is row + k stride: the grid's groups cover consecutive rows at each k.
-    auto load_rows = [&]() {
+  const int groups = static_cast<int>(blockDim.x) / lanes;
+  const int group = static_cast<int>(threadIdx.x) / lanes;
+  const int per_token = static_cast<int>(a.div_rows.divisor);
+  for (int64_t tile = blockIdx.x; tile < a.tiles; tile += gridDim.x) {
+    const int64_t first = tile * a.tile_tokens;
+    const int64_t left = a.tokens - first;
+    const AppendTile tl = append_tile(shared, at, first, static_cast<int>(left < a.tile_tokens ? left : a.tile_tokens));
+    const int rows = tl.count * per_token;
+    if constexpr (kSingle) {
+      constexpr int kRows = kAppendRowsInFlight;
+      const bool active = lane < a.units;
+      const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, a.rotary_units, lane);
+      UnitChunks<T, N> x[kRows], next[kRows];
+      // Buffer rows: r0 + k groups, k < kRows (the block's groups cover consecutive rows at each k).
+      auto load_rows = [&](int r0, UnitChunks<T, N>(&buf)[kRows]) {
 #pragma unroll
-      for (int k = 0; k < kRows; ++k) {
-        const int64_t r = row + k * stride;
-        if (r >= a.rows) break;
-        ctx[k].r = append_row(a, static_cast<uint32_t>(r));
-        position[k] = load_raw_index(a.positions, a.positions_are_int64, ctx[k].r.token);
-        slot[k] = ctx[k].r.kind != RowKind::kQuery ? a.slots[ctx[k].r.token] : -1;
-        if (active) x[k] = load_unit<T, C, N>(a, row_source(a, ctx[k].r), lane);
+        for (int k = 0; k < kRows; ++k) {
+          const int r = r0 + k * groups;
+          if (r < rows && active) buf[k] = load_chunks<T, N>(row_source(a, append_row(a, tl, r)), pl);
+        }
+      };
+      load_rows(group, x);
+      stage_tile(a, tl);
+      for (int r0 = group; r0 < rows; r0 += kRows * groups) {
+        const int n0 = r0 + kRows * groups;
+        if (n0 < rows) load_rows(n0, next);
+#pragma unroll
+        for (int k = 0; k < kRows; ++k)
+          if (r0 + k * groups < rows) finish_row<T, C, N>(a, tl, r0 + k * groups, pl, active, x[k]);
+#pragma unroll
+        for (int k = 0; k < kRows; ++k) x[k] = next[k];
       }
-    };
-    if (row < a.rows) load_rows();
-    const bool may_repeat = a.mask_words > 0 && block_slots_may_repeat(a, masks);  // (every thread: barriers)
-    while (row < a.rows) {
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) {
-        if (row + k * stride >= a.rows) break;
-        if (!row_context(a, dup, may_repeat, position[k], slot[k], lane, ctx[k])) continue;
-        if (ctx[k].norm != nullptr)
-          ctx[k].inv_rms = row_inv_rms(a, group_sum(active ? unit_square_sum(x[k]) : 0.0f, lanes));
-        if (active) {
-          finish_unit<T, C, N>(a, ctx[k], x[k]);
-          store_unit<T, C, N>(a, ctx[k], x[k]);
+    } else {
+      stage_tile(a, tl);
+      for (int r = group; r < rows; r += groups) {
+        AppendRowContext<T, C> ctx;
+        const AppendRow row = append_row(a, tl, r);
+        if (!row_context(a, tl, row, ctx)) continue;
+        const T* src = row_source(a, row);
+        if (ctx.norm != nullptr) {
+          float sum = 0.0f;
+          for (int u = lane; u < a.units; u += lanes)
+            sum += unit_square_sum(
+                load_chunks<T, N>(src, unit_place<N>(a.style, a.rotary_dim, a.head_dim, a.rotary_units, u)));
+          ctx.inv_rms = row_inv_rms(a, group_sum(sum, lanes));
+        }
+        for (int u = lane; u < a.units; u += lanes) {
+          const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, a.rotary_units, u);
+          UnitChunks<T, N> y = load_chunks<T, N>(src, pl);
+          finish_unit<T, C, N>(a, ctx, pl, y);
+          store_unit<T, C, N>(a, ctx, pl, y);
         }
       }
-      row += kRows * stride;
-      if (row < a.rows) load_rows();
     }
-  } else {
-    const bool may_repeat = a.mask_words > 0 && block_slots_may_repeat(a, masks);  // (every thread: barriers)
-    AppendRowContext<T, C> ctx;
-    for (; row < a.rows; row += stride) {
-      ctx.r = append_row(a, static_cast<uint32_t>(row));
-      const RawIndex position = load_raw_index(a.positions, a.positions_are_int64, ctx.r.token);
-      const int64_t slot = ctx.r.kind != RowKind::kQuery ? a.slots[ctx.r.token] : -1;
-      if (!row_context(a, dup, may_repeat, position, slot, lane, ctx)) continue;
-      const T* src = row_source(a, ctx.r);
-      if (ctx.norm != nullptr) {
-        float sum = 0.0f;
-        for (int u = lane; u < a.units; u += lanes) sum += unit_square_sum(load_unit<T, C, N>(a, src, u));
-        ctx.inv_rms = row_inv_rms(a, group_sum(sum, lanes));
-      }
-      for (int u = lane; u < a.units; u += lanes) {
-        AppendUnit<T, N> y = load_unit<T, C, N>(a, src, u);
-        finish_unit<T, C, N>(a, ctx, y);
-        store_unit<T, C, N>(a, ctx, y);
-      }
-    }
+    __syncthreads();  // the tile's staged state is read by every group before the next tile replaces it
   }
 }
 

@@ -33,10 +33,11 @@ Status launch_append(AppendArgs<T, C> a, cudaStream_t stream, AppendPlan* plan_o
   int device = 0, sms = 0, resident = 0;
   if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
   if (Status s = device_attribute(cudaDevAttrMultiProcessorCount, device, &sms); !s) return s;
-  plan_append_launch(a, n, sms, 1, plan);  // the shape first: the bitmasks' size
-  const int shared = append_shared_bytes(a);
-  if (Status s = resident_blocks(kernel, device, kAppendBlockThreads, shared, 0, &resident); !s) return s;
+  plan_append_launch(a, n, sms, kAppendBlocksPerSm, plan);  // the shape first: the table rows' size
+  if (Status s = resident_blocks(kernel, device, kAppendBlockThreads, append_most_shared_bytes(a), 0, &resident); !s)
+    return s;
   plan_append_launch(a, n, sms, resident, plan);
+  const int shared = append_shared_bytes(a);
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
   kernel<<<plan.grid, plan.block, shared, stream>>>(a);

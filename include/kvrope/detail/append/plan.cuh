@@ -79,7 +79,30 @@ inline int append_lanes(int units) {
   return lanes;
 }
 
-//! Fills the plan part of `a` for chunks of `n` elements, `sms` SMs and `resident` blocks a SM.
+//! Bytes a copy of one table row moves: the widest of 16, 8, 4 that divides the row and its start (2:
+//! an element at a time).
+template <typename T, typename C>
+int append_table_copy_bytes(const AppendArgs<T, C>& a) {
+  const int64_t elem = a.table_f32 ? 4 : int64_t{sizeof(T)};
+  const int64_t row = a.rotary_dim * elem;
+  const auto base = reinterpret_cast<uintptr_t>(a.table);
+  for (int bytes : {16, 8, 4})
+    if (row % bytes == 0 && base % bytes == 0) return bytes;
+  return 2;
+}
+
+//! Most tokens a tile whose staged state fits kAppendSharedBudget: a power of two, at most
+//! kAppendTileMaxTokens.
+inline int append_tile_max_tokens(int table_row_bytes, bool has_cache_rows) {
+  int tokens = kAppendTileMaxTokens;
+  while (tokens > 1 &&
+         append_shared_layout(tokens, has_cache_rows ? 2 * tokens : 0, table_row_bytes).bytes > kAppendSharedBudget)
+    tokens /= 2;
+  return tokens;
+}
+
+//! Fills the plan part of `a` for chunks of `n` elements, `sms` SMs and `resident` blocks a SM: tiles
+//! of consecutive tokens, as few tokens a tile as fill one wave of blocks.
 template <typename T, typename C>
 void plan_append_launch(AppendArgs<T, C>& a, int n, int sms, int resident, AppendPlan& plan) {
   a.units = static_cast<int>(a.head_dim / (2 * n));
@@ -88,25 +111,36 @@ void plan_append_launch(AppendArgs<T, C>& a, int n, int sms, int resident, Appen
   const int64_t per_token = a.q_heads + 2 * a.heads;
   a.rows = a.tokens * per_token;
   a.div_rows = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(per_token, 1)));
-  // The repeat bitmask: kAppendMaskBitsPerToken bits a token, a power of two of words; none for one token
-  // or no cache rows.
-  int64_t words = 32;
-  while (words * 32 < a.tokens * kAppendMaskBitsPerToken && words < kAppendMaskMaxWords) words *= 2;
-  a.mask_words = a.tokens > 1 && a.heads > 0 ? words : 0;
-  const bool single = a.units <= 32;
-  const int64_t rows_per_block = kAppendBlockThreads / a.lanes * (single ? kAppendRowsInFlight : 1);
-  const int64_t grid_max = int64_t{sms} * std::max(resident, 1);
+  const int64_t elem = a.table_f32 ? 4 : int64_t{sizeof(T)};
+  a.table_row_bytes = static_cast<int>((a.rotary_dim * elem + 15) / 16 * 16);
+  a.table_copy_bytes = append_table_copy_bytes(a);
+  const int64_t capacity = int64_t{sms} * std::max(resident, 1);
+  const int64_t wave = (a.tokens + capacity - 1) / capacity;
+  a.tile_tokens =
+      static_cast<int>(std::clamp<int64_t>(wave, 1, append_tile_max_tokens(a.table_row_bytes, a.heads > 0)));
+  a.tiles = (a.tokens + a.tile_tokens - 1) / a.tile_tokens;
+  int hash = 1;
+  while (hash < 2 * a.tile_tokens) hash *= 2;
+  a.hash_slots = a.heads > 0 ? hash : 0;
   plan.launched = true;
   plan.vec_width = n;
   plan.lanes = a.lanes;
   plan.block = kAppendBlockThreads;
-  plan.grid = static_cast<int>(std::clamp<int64_t>((a.rows + rows_per_block - 1) / rows_per_block, 1, grid_max));
+  plan.tile_tokens = a.tile_tokens;
+  plan.grid = static_cast<int>(std::clamp<int64_t>(a.tiles, 1, capacity));
 }
 
-//! Dynamic shared memory of a launch: the two repeat bitmasks.
+//! Dynamic shared memory of a launch: a tile's staged state.
 template <typename T, typename C>
 int append_shared_bytes(const AppendArgs<T, C>& a) {
-  return static_cast<int>(2 * a.mask_words * 4);
+  return append_shared_layout(a.tile_tokens, a.hash_slots, a.table_row_bytes).bytes;
+}
+
+//! The most dynamic shared memory a tile of this call can take (the occupancy the tile is sized from).
+template <typename T, typename C>
+int append_most_shared_bytes(const AppendArgs<T, C>& a) {
+  const int tokens = append_tile_max_tokens(a.table_row_bytes, a.heads > 0);
+  return append_shared_layout(tokens, a.heads > 0 ? 2 * tokens : 0, a.table_row_bytes).bytes;
 }
 
 }  // namespace kvrope::detail

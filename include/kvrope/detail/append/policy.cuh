@@ -10,15 +10,12 @@ inline constexpr int kAppendBlockThreads = 256;
 //! Blocks of kAppendBlockThreads a SM the launch bounds ask for: up to 128 registers a thread (the
 //! vector path needs 80-89; at 3 blocks, 85 registers, it spilled 20 bytes; at 4, 64, 120 bytes).
 inline constexpr int kAppendBlocksPerSm = 2;
-//! Rows a group of lanes loads before it finishes any (the vector path): bytes in flight a SM.
-#ifdef KVROPE_DEV_APPEND_ROWS  // (a development override, measured on the H200, then removed)
-inline constexpr int kAppendRowsInFlight = KVROPE_DEV_APPEND_ROWS;
-#else
+//! Rows a group of lanes holds in each of its two register buffers (the vector path): one buffer is
+//! in flight while the other is finished, so a SM keeps 2 x 2 x 512 x 32 bytes of rows loading.
 inline constexpr int kAppendRowsInFlight = 2;
-#endif
-//! Bits of each repeat bitmask a token: the hashed slots collide rarely at four bits a token.
-inline constexpr int64_t kAppendMaskBitsPerToken = 4;
-//! Most 32-bit words of a repeat bitmask (8 KiB each; the two take 16 KiB of the default 48 KiB).
-inline constexpr int64_t kAppendMaskMaxWords = 2048;
+//! Most tokens a tile (its slot table and its scan of later slots are sized by it).
+inline constexpr int kAppendTileMaxTokens = 128;
+//! Most dynamic shared memory of a block (the default limit: no attribute to set).
+inline constexpr int kAppendSharedBudget = 48 * 1024;
 
 }  // namespace kvrope::detail
