@@ -140,28 +140,34 @@ __device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const Appe
   }
   __syncthreads();
   if (hs > 0) {
-    for (int i = tid; i < tl.count; i += threads)
-      if (tl.slot[i] >= 0) atomicMax(&tl.last[insert_slot(tl, hs, tl.slot[i])], i);
-    __syncthreads();
-    for (int64_t u0 = tl.first + tl.count + tid; u0 < a.tokens; u0 += kAppendSlotLoads * int64_t{threads}) {
-      int64_t s[kAppendSlotLoads];  // all issued before any is used
+    // A tile of one token (decode) needs no table: its slot is compared with each later one.
+    const bool one = tl.count == 1;
+    const int64_t own = tl.slot[0];
+    if (!one)
+      for (int i = tid; i < tl.count; i += threads)
+        if (tl.slot[i] >= 0) atomicMax(&tl.last[insert_slot(tl, hs, tl.slot[i])], i);
+    if (!one) __syncthreads();
+    if (!one || own >= 0) {
+      for (int64_t u0 = tl.first + tl.count + tid; u0 < a.tokens; u0 += kAppendSlotLoads * int64_t{threads}) {
+        int64_t s[kAppendSlotLoads];  // all issued before any is used
 #pragma unroll
-      for (int k = 0; k < kAppendSlotLoads; ++k) {
-        const int64_t u = u0 + k * int64_t{threads};
-        s[k] = u < a.tokens ? a.slots[u] : -1;
-      }
+        for (int k = 0; k < kAppendSlotLoads; ++k) {
+          const int64_t u = u0 + k * int64_t{threads};
+          s[k] = u < a.tokens ? a.slots[u] : -1;
+        }
 #pragma unroll
-      for (int k = 0; k < kAppendSlotLoads; ++k) {
-        if (s[k] < 0 || s[k] >= a.num_slots) continue;
-        const int e = find_slot(tl, hs, s[k]);
-        if (e >= 0 && append_position_ok(a, u0 + k * int64_t{threads})) atomicOr(&tl.later[e], 1);
+        for (int k = 0; k < kAppendSlotLoads; ++k) {
+          if (s[k] < 0 || s[k] >= a.num_slots) continue;
+          const int e = one ? (s[k] == own ? 0 : -1) : find_slot(tl, hs, s[k]);
+          if (e >= 0 && append_position_ok(a, u0 + k * int64_t{threads})) atomicOr(&tl.later[e], 1);
+        }
       }
     }
     __syncthreads();
     for (int i = tid; i < tl.count; i += threads) {
       if (tl.slot[i] < 0) continue;
-      const int e = find_slot(tl, hs, tl.slot[i]);
-      if (tl.last[e] != i || tl.later[e] != 0) tl.slot[i] = -1;  // a later token writes the slot
+      const int e = one ? 0 : find_slot(tl, hs, tl.slot[i]);
+      if ((!one && tl.last[e] != i) || tl.later[e] != 0) tl.slot[i] = -1;  // a later token writes the slot
     }
   }
   wait_shared_copies();
@@ -292,6 +298,56 @@ __device__ __forceinline__ float row_inv_rms(const AppendArgs<T, C>& a, float sq
   return rsqrtf(square_sum / static_cast<float>(a.head_dim) + a.norm_eps);
 }
 
+// K consecutive elements of E at p (aligned to their size, a power of two of bytes), in fp32: one access
+// of up to 16 bytes, or two.
+template <int K, typename E>
+__device__ __forceinline__ void load_run(const E* p, float (&out)[K]) {
+  constexpr int kBytes = K * static_cast<int>(sizeof(E));
+  constexpr int kWord = kBytes >= 16 ? 16 : kBytes;
+  using Word = typename RawWord<kWord>::type;
+  E e[K];
+#pragma unroll
+  for (int w = 0; w < kBytes / kWord; ++w) {
+    const Word v = reinterpret_cast<const Word*>(p)[w];
+    memcpy(reinterpret_cast<unsigned char*>(e) + w * kWord, &v, kWord);
+  }
+#pragma unroll
+  for (int i = 0; i < K; ++i) out[i] = to_float(e[i]);
+}
+
+// A unit's angles from its token's staged table row (cos at `cs`, sin at `sn`), as load_cached_angles
+// gives them, in whole accesses: the pairs span the chunks (N angles from pair_lo), or each chunk holds
+// N / 2 pairs (N / 2 angles from pair_lo and from pair_hi).
+template <int N, typename E>
+__device__ __forceinline__ void load_staged_angles(const E* cs, const E* sn, const UnitPlace& pl, RopeChunk<N>& c,
+                                                   RopeChunk<N>& s) {
+  if constexpr (N >= 2) {
+    if (!pl.cross) {
+      float c0[N / 2], c1[N / 2], s0[N / 2], s1[N / 2];
+      load_run<N / 2>(cs + pl.pair_lo, c0);
+      load_run<N / 2>(cs + pl.pair_hi, c1);
+      load_run<N / 2>(sn + pl.pair_lo, s0);
+      load_run<N / 2>(sn + pl.pair_hi, s1);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        c.lo[i] = c0[i / 2];
+        c.hi[i] = c1[i / 2];
+        s.lo[i] = s0[i / 2];
+        s.hi[i] = s1[i / 2];
+      }
+      return;
+    }
+  }
+  float ac[N], as[N];
+  load_run<N>(cs + pl.pair_lo, ac);
+  load_run<N>(sn + pl.pair_lo, as);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    c.lo[i] = c.hi[i] = ac[i];
+    s.lo[i] = s.hi[i] = as[i];
+  }
+}
+
 // Normalizes (when asked), rotates and rounds one unit of a q or k row; v rows come out as loaded.
 template <typename T, typename C, int N>
 __device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
@@ -314,10 +370,10 @@ __device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const App
     RopeChunk<N> c, s;
     if (a.table_f32) {
       const float* cs = reinterpret_cast<const float*>(ctx.table);
-      load_cached_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
+      load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
     } else {
       const T* cs = reinterpret_cast<const T*>(ctx.table);
-      load_cached_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
+      load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
     }
     f = pl.cross ? rope_forward(f, c, s) : rope_forward_interleaved(f, c, s);
   }
