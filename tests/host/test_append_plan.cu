@@ -80,7 +80,18 @@ TEST_CASE("append plan: a tile's tokens fill one wave, up to what its shared mem
   AppendPlan plan{};
   plan_append_launch(a, 8, 132, 2, plan);
   CHECK(a.tile_tokens == 1);
+  CHECK(a.row_splits == 1);  // 48 rows: one pass of the block's 32 groups, two rows each
   CHECK(plan.grid == 1);
+  a = append_args(shape(1, 8, 64, 128));  // 80 rows: two blocks of 40, each one pass
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.row_splits == 2);
+  CHECK(a.split_rows == 40);
+  CHECK(a.tiles == 2);
+  CHECK(plan.grid == 2);
+  a = append_args(shape(200, 8, 64, 128));  // more tokens than a wave's half: no split
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.row_splits == 1);
+  CHECK(a.split_rows == 80);
   a = append_args(shape(1 << 20, 8, 32, 128));
   plan_append_launch(a, 8, 132, 2, plan);
   CHECK(a.tile_tokens == 64);  // 64 fp32 table rows of 512 bytes and their slots fit 48 KiB, 128 do not

@@ -126,17 +126,24 @@ __device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const Appe
         s = -1;
       }
       s = s < 0 ? -1 : s;
-      const int bytes = static_cast<int>(a.rotary_dim) * (a.table_f32 ? 4 : static_cast<int>(sizeof(T)));
-      const unsigned char* src = static_cast<const unsigned char*>(a.table) + p * bytes;
-      unsigned char* dst = tl.table + int64_t{i} * a.table_row_bytes;
-      if (a.table_copy_bytes >= 4) {
-        for (int b = 0; b < bytes; b += a.table_copy_bytes) copy_to_shared_async(dst + b, src + b, a.table_copy_bytes);
-      } else {
-        for (int b = 0; b < bytes; b += 2)
-          *reinterpret_cast<uint16_t*>(dst + b) = *reinterpret_cast<const uint16_t*>(src + b);
-      }
     }
     tl.slot[i] = s;
+  }
+  // The table rows, a copy a thread (each thread loads the position its copy needs).
+  const int bytes = static_cast<int>(a.rotary_dim) * (a.table_f32 ? 4 : static_cast<int>(sizeof(T)));
+  const int step = a.table_copy_bytes >= 4 ? a.table_copy_bytes : 2;
+  const int copies = bytes / step;
+  for (int c = tid; c < tl.count * copies; c += threads) {
+    const int i = c / copies, b = (c - i * copies) * step;
+    const int64_t p =
+        index_value(load_raw_index(a.positions, a.positions_are_int64, tl.first + i), a.positions_are_int64);
+    if (p < 0 || p >= a.max_position) continue;
+    const unsigned char* src = static_cast<const unsigned char*>(a.table) + p * bytes + b;
+    unsigned char* dst = tl.table + int64_t{i} * a.table_row_bytes + b;
+    if (step >= 4)
+      copy_to_shared_async(dst, src, step);
+    else
+      *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src);
   }
   __syncthreads();
   if (hs > 0) {
@@ -419,10 +426,10 @@ __device__ __forceinline__ void finish_row(const AppendArgs<T, C>& a, const Appe
 }
 
 //! The append. N: elements a chunk (16 bytes, or 1 when a row or stride is not aligned). A block takes
-//! tiles (a.tile_tokens consecutive tokens) in turn and stages each (stage_tile); its groups of a.lanes
-//! lanes then take the tile's rows. kSingle: a lane holds one unit of its row (units <= lanes), a group
-//! kAppendRowsInFlight rows in each of two buffers, the next rows loading while the current ones are
-//! finished (the first ones before the tile is staged); else each lane loops over the units of its row
+//! tiles (a.tile_tokens consecutive tokens, or a one-token tile's share of a.row_splits) in turn and
+//! stages each (stage_tile); its groups of a.lanes lanes then take the tile's rows. kSingle: a lane holds one unit of
+//! its row (units <= lanes), a group kAppendRowsInFlight rows in each of two buffers, the next rows loading while the
+//! current ones are finished (the first ones before the tile is staged); else each lane loops over the units of its row
 //! (the norm then reads the row twice).
 template <typename T, typename C, int N, bool kSingle>
 __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) append_kernel(const AppendArgs<T, C> a) {
@@ -434,10 +441,13 @@ __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) appen
   const int group = static_cast<int>(threadIdx.x) / lanes;
   const int per_token = static_cast<int>(a.div_rows.divisor);
   for (int64_t tile = blockIdx.x; tile < a.tiles; tile += gridDim.x) {
-    const int64_t first = tile * a.tile_tokens;
+    const int64_t tokens_tile = tile / a.row_splits;
+    const int64_t first = tokens_tile * a.tile_tokens;
     const int64_t left = a.tokens - first;
     const AppendTile tl = append_tile(shared, at, first, static_cast<int>(left < a.tile_tokens ? left : a.tile_tokens));
-    const int rows = tl.count * per_token;
+    // This block's rows of the tile: [begin, rows).
+    const int begin = static_cast<int>(tile - tokens_tile * a.row_splits) * a.split_rows;
+    const int rows = tl.count * per_token < begin + a.split_rows ? tl.count * per_token : begin + a.split_rows;
     if constexpr (kSingle) {
       constexpr int kRows = kAppendRowsInFlight;
       const bool active = lane < a.units;
@@ -451,9 +461,9 @@ __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) appen
           if (r < rows && active) buf[k] = load_chunks<T, N>(row_source(a, append_row(a, tl, r)), pl);
         }
       };
-      load_rows(group, x);
+      load_rows(begin + group, x);
       stage_tile(a, tl);
-      for (int r0 = group; r0 < rows; r0 += kRows * groups) {
+      for (int r0 = begin + group; r0 < rows; r0 += kRows * groups) {
         const int n0 = r0 + kRows * groups;
         if (n0 < rows) load_rows(n0, next);
 #pragma unroll
@@ -464,7 +474,7 @@ __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) appen
       }
     } else {
       stage_tile(a, tl);
-      for (int r = group; r < rows; r += groups) {
+      for (int r = begin + group; r < rows; r += groups) {
         AppendRowContext<T, C> ctx;
         const AppendRow row = append_row(a, tl, r);
         if (!row_context(a, tl, row, ctx)) continue;

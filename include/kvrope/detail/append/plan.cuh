@@ -118,7 +118,17 @@ void plan_append_launch(AppendArgs<T, C>& a, int n, int sms, int resident, Appen
   const int64_t wave = (a.tokens + capacity - 1) / capacity;
   a.tile_tokens =
       static_cast<int>(std::clamp<int64_t>(wave, 1, append_tile_max_tokens(a.table_row_bytes, a.heads > 0)));
-  a.tiles = (a.tokens + a.tile_tokens - 1) / a.tile_tokens;
+  // A small call's one-token tiles split over blocks so that a group finishes its rows in one pass
+  // (decode at Hq = 64: 80 rows, two passes of one block's 64).
+  const bool single = a.units <= 32;
+  const int64_t rows_per_pass = kAppendBlockThreads / a.lanes * (single ? kAppendRowsInFlight : 1);
+  const int64_t passes = (per_token + rows_per_pass - 1) / rows_per_pass;
+  a.row_splits = a.tile_tokens == 1
+                     ? static_cast<int>(std::clamp<int64_t>(capacity / a.tokens, 1, std::max<int64_t>(passes, 1)))
+                     : 1;
+  a.split_rows =
+      static_cast<int>(a.row_splits > 1 ? (per_token + a.row_splits - 1) / a.row_splits : a.tile_tokens * per_token);
+  a.tiles = (a.tokens + a.tile_tokens - 1) / a.tile_tokens * a.row_splits;
   int hash = 1;
   while (hash < 2 * a.tile_tokens) hash *= 2;
   a.hash_slots = a.heads > 0 ? hash : 0;
