@@ -46,6 +46,42 @@ def _style(style: str) -> int:
     return code
 
 
+_TABLE_LAYOUTS = ("element", "half")
+
+
+def _tables(cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], style: str, table_layout: str):
+    """The per-token tables in kvrope's layout, one value an element. ``"half"``: Hugging Face's tables
+    for every model, cat(freqs, freqs) (pair i's angle in columns i and i + R/2); for the rotate-half
+    style that is already one value an element, for the interleaved style column i becomes columns 2i and
+    2i + 1 (as GLM converts them; autograd carries the gradients back to the given tables)."""
+    if table_layout not in _TABLE_LAYOUTS:
+        raise ValueError(f"kvrope: table_layout must be 'element' or 'half', not {table_layout!r}")
+    if table_layout == "element" or style != "interleaved" or cos is None or sin is None:
+        return cos, sin
+    if cos.shape[-1] % 2 or sin.shape[-1] % 2:
+        raise ValueError(f"kvrope: table_layout='half' needs an even R, not cos {list(cos.shape)}, "
+                         f"sin {list(sin.shape)}")
+    return (cos[..., :cos.shape[-1] // 2].repeat_interleave(2, dim=-1),
+            sin[..., :sin.shape[-1] // 2].repeat_interleave(2, dim=-1))
+
+
+@torch.compiler.disable  # reads device values: eager, a graph break under torch.compile
+def _check_pairs(cos: torch.Tensor, sin: torch.Tensor, style: str) -> None:
+    """check=True, interleaved style: tables in Hugging Face's layout (columns i and i + R/2 equal) whose
+    pairs (2i, 2i + 1) differ are refused with a ValueError (synchronizes); any other table is taken as
+    one value an element."""
+    if style != "interleaved":
+        return
+    if cos.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError("kvrope: check=True reads the tables (it synchronizes): not under CUDA graph capture")
+    r = cos.shape[-1]
+    for name, t in (("cos", cos), ("sin", sin)):
+        if torch.equal(t[..., :r // 2], t[..., r // 2:]) and not torch.equal(t[..., 0::2], t[..., 1::2]):
+            raise ValueError(f"kvrope: {name} is in Hugging Face's layout (cat(freqs, freqs): columns i and "
+                             "i + R/2 equal), not one angle a pair (2i, 2i + 1) of the interleaved style: pass "
+                             "table_layout='half'")
+
+
 def _refuse_grad(op: str, **tensors: Optional[torch.Tensor]) -> None:
     """An in-place op writes outside autograd: an input that requires grad in grad mode would lose its
     gradient without a word, so it is refused."""
@@ -72,17 +108,23 @@ def _check_positions(name: str, positions: torch.Tensor, cache_len: int) -> None
 
 def forward(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: torch.Tensor,
             value_cache: torch.Tensor, cache_position: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-            style: str = "rotate_half", check: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            style: str = "rotate_half", table_layout: str = "element",
+            check: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The functional forward, with autograd: returns (new key cache, new value cache, RoPE(k)).
 
     Rows ``cache_position`` of the new caches hold RoPE(k) and v; every other row is the input's.
     Repeated positions: the last token naming a row wins; a position outside [-S_max, S_max) writes no
     row. Gradients flow to k, v, cos, sin and both incoming caches through ``kvrope::backward``
-    (docs/spec.md section 1: with a repeated row every token receives that row's gradient). ``check``:
-    raise a ValueError instead for a position out of range (reads the positions: synchronizes)."""
+    (docs/spec.md section 1: with a repeated row every token receives that row's gradient).
+    ``table_layout``: ``"element"`` (one value an element, kvrope's) or ``"half"`` (Hugging Face's cos and
+    sin as every model computes them, cat(freqs, freqs): with ``style="interleaved"`` they are spread to
+    the pairs (2i, 2i + 1)). ``check``: raise a ValueError instead for a position out of range, or, with
+    the interleaved style, for tables in Hugging Face's layout given as elements (reads them: synchronizes)."""
     _checks.check_tables_given(cos, sin)
+    cos, sin = _tables(cos, sin, style, table_layout)
     if check:
         _check_positions("cache_position", cache_position, key_cache.shape[2])
+        _check_pairs(cos, sin, style)
     return _call(_FORWARD, key_states, value_states, key_cache, value_cache, cache_position, cos, sin, 0,
                  _style(style))
 
@@ -92,16 +134,19 @@ def forward_(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: to
              sin: Optional[torch.Tensor] = None, *, cos_sin_cache: Optional[torch.Tensor] = None,
              position_ids: Optional[torch.Tensor] = None, query: Optional[torch.Tensor] = None,
              query_out: Optional[torch.Tensor] = None, key_out: Optional[torch.Tensor] = None,
-             error_flag: Optional[torch.Tensor] = None, style: str = "rotate_half") -> None:
+             error_flag: Optional[torch.Tensor] = None, style: str = "rotate_half",
+             table_layout: str = "element") -> None:
     """The inference forward, in place: RoPE(k) and v into rows ``cache_position`` of the caches; RoPE(k)
     into ``key_out`` and RoPE(q) into ``query_out`` (or ``query`` itself) when given. The tables come
     from cos / sin [B or 1, S, R], or from a table cache [max_pos, R] (cos | sin, one angle a pair; T or
     fp32) indexed by ``position_ids`` [S] or [B, S] (the dtype of ``cache_position``). ``error_flag``,
     an int32 tensor of one element, gets ERROR_POSITION_OUT_OF_RANGE / ERROR_POSITION_ID_OUT_OF_RANGE
-    OR-ed in (read it after the stream; the call itself never synchronizes). No autograd: in grad mode
-    an input that requires grad is refused (use ``forward`` to train)."""
+    OR-ed in (read it after the stream; the call itself never synchronizes). ``table_layout`` as in
+    ``forward`` (cos / sin only). No autograd: in grad mode an input that requires grad is refused (use
+    ``forward`` to train)."""
     _refuse_grad("forward_", key_states=key_states, value_states=value_states, key_cache=key_cache,
                  value_cache=value_cache, cos=cos, sin=sin, cos_sin_cache=cos_sin_cache, query=query)
+    cos, sin = _tables(cos, sin, style, table_layout)
     _call(_FORWARD_INPLACE, key_states, value_states, key_cache, value_cache, cache_position, cos, sin,
           cos_sin_cache, position_ids, query, query_out, key_out, error_flag, 0, _style(style))
 

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import kvrope_torch
+import reference
 
 B, H, S, L, D = 2, 2, 4, 16, 8
 
@@ -76,3 +77,63 @@ def test_a_bad_dtype_names_its_argument():
         kvrope_torch.backward(kc.int(), vc, k, cos, sin, pos)
     with pytest.raises(TypeError, match="value_states is torch.float16, key_states torch.float32"):
         kvrope_torch.forward(k, v.half(), kc, vc, pos, cos, sin)
+
+
+def _glm_inputs(requires_grad=False):
+    """k, v, caches and positions, and one angle a pair: Hugging Face's tables for it (cat(freqs, freqs),
+    as every model's rotary embedding returns them) and the per-element tables of the interleaved pairs."""
+    k, v, kc, vc, pos, _, _ = _inputs(requires_grad)
+    g = torch.Generator().manual_seed(361)
+    freqs = torch.rand(1, S, D // 2, generator=g) * 6.0
+    emb = torch.cat((freqs, freqs), dim=-1)
+    hf = (emb.cos().requires_grad_(requires_grad), emb.sin().requires_grad_(requires_grad))
+    return k, v, kc, vc, pos, hf
+
+
+def _glm_reference(k, v, kc, vc, pos, cos_hf, sin_hf):
+    # GLM's own conversion (cos[..., :R/2].repeat_interleave(2)), then the interleaved rotation.
+    half = cos_hf.shape[-1] // 2
+    cos = cos_hf[..., :half].repeat_interleave(2, dim=-1)
+    sin = sin_hf[..., :half].repeat_interleave(2, dim=-1)
+    return reference.forward(k, v, kc, vc, pos, cos, sin, "interleaved")
+
+
+def test_interleaved_style_takes_hugging_face_tables():
+    # Before: Hugging Face's cos / sin (the rotate-half layout) with style="interleaved" rotated each pair
+    # (2i, 2i + 1) by two unrelated angles, silently. table_layout="half" takes them as they are.
+    k, v, kc, vc, pos, (cos, sin) = _glm_inputs(requires_grad=True)
+    want = _glm_reference(k, v, kc, vc, pos, cos, sin)
+    got = kvrope_torch.forward(k, v, kc, vc, pos, cos, sin, style="interleaved", table_layout="half")
+    for g_, w in zip(got, want):
+        torch.testing.assert_close(g_, w.to(g_.dtype), rtol=1e-5, atol=1e-5)
+    wrong = kvrope_torch.forward(k, v, kc, vc, pos, cos, sin, style="interleaved")[2]
+    assert not torch.allclose(wrong, want[2].to(wrong.dtype), atol=1e-3)  # the default layout: another rotation
+    # Gradients reach the given tables through the conversion, as through GLM's.
+    weight = torch.randn(B, H, L, D)
+    (got[0] * weight).sum().backward()
+    grads = (k.grad.clone(), cos.grad.clone(), sin.grad.clone())
+    k.grad = cos.grad = sin.grad = None
+    (want[0] * weight.double()).sum().backward()
+    for g_, w in zip(grads, (k.grad, cos.grad, sin.grad)):
+        torch.testing.assert_close(g_, w.to(g_.dtype), rtol=1e-5, atol=1e-5)
+    # The in-place forward takes them too.
+    with torch.no_grad():
+        kc2, vc2 = kc.clone(), vc.clone()
+        kvrope_torch.forward_(k, v, kc2, vc2, pos, cos, sin, style="interleaved", table_layout="half")
+    torch.testing.assert_close(kc2, got[0].detach())
+    with pytest.raises(ValueError, match="table_layout must be"):
+        kvrope_torch.forward(k, v, kc, vc, pos, cos, sin, table_layout="hf")
+
+
+def test_check_rejects_hugging_face_tables_given_as_elements():
+    # check=True with the interleaved style: Hugging Face's layout given as elements is refused, naming
+    # the way out; tables of one value an element of any other kind are taken.
+    k, v, kc, vc, pos, (cos, sin) = _glm_inputs()
+    with pytest.raises(ValueError, match="table_layout='half'"):
+        kvrope_torch.forward(k, v, kc, vc, pos, cos, sin, style="interleaved", check=True)
+    kvrope_torch.forward(k, v, kc, vc, pos, cos, sin, style="interleaved", table_layout="half", check=True)
+    kvrope_torch.forward(k, v, kc, vc, pos, cos, sin, style="rotate_half", check=True)  # HF's own pairs
+    per_pair = cos[..., : D // 2].repeat_interleave(2, dim=-1)
+    kvrope_torch.forward(k, v, kc, vc, pos, per_pair, per_pair, style="interleaved", check=True)
+    kvrope_torch.forward(k, v, kc, vc, pos, torch.randn(1, S, D), torch.randn(1, S, D), style="interleaved",
+                         check=True)
