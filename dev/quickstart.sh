@@ -12,7 +12,8 @@ fi
 if ! python3 -c "import kvrope_torch" 2> /dev/null; then
   echo "quickstart: building kvrope_torch (4-5 minutes on 2 cores)"
   python3 -m pip install --no-build-isolation --no-deps -v ./python 2>&1 |
-    grep --line-buffered -E '\[[0-9]+/[0-9]+\]|^Successfully|[Ee]rror' || true
+    grep --line-buffered -E '\[[0-9]+/[0-9]+\]|^Successfully|[Ee]rror' |
+    sed -u -E 's#^ *(\[[0-9]+/[0-9]+\]).* -c (/[^ ]+) .*#\1 \2#; s#^(\[[0-9]+/[0-9]+\]) .*/python/#\1 python/#' || true
   python3 -c "import kvrope_torch" || { echo "quickstart: the package did not build (run the pip line above by hand)"; exit 1; }
 fi
 python3 python/examples/static_cache_attention.py --device cpu
