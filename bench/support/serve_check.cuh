@@ -80,11 +80,12 @@ __device__ inline uint32_t ulp_distance(E a, E b) {
 //! differ by a few fp32 ulps of |x| + |y| (normal inputs), which near zero is many ulps of the result.
 inline constexpr float kServeAbsTolerance = 1.0f / (1 << 18);
 
-// ulp_distance, but at most 1 when the values differ by kServeAbsTolerance or less.
+// The distance a region with tolerance `tol` counts: ulp_distance, but where a tolerance is given at
+// most 1 when the values differ by kServeAbsTolerance or less.
 template <typename E>
-__device__ inline uint32_t rounding_distance(E a, E b) {
+__device__ inline uint32_t rounding_distance(E a, E b, uint32_t tol) {
   const uint32_t d = ulp_distance(a, b);
-  return d > 1 && fabsf(value_of(a) - value_of(b)) <= kServeAbsTolerance ? 1u : d;
+  return tol > 0 && d > 1 && fabsf(value_of(a) - value_of(b)) <= kServeAbsTolerance ? 1u : d;
 }
 
 // One thread's share of a region, added to the device counts once at its end.
@@ -126,9 +127,9 @@ __global__ void compare_qkv(const T* got, const T* want_q, const T* want_k, cons
     const int64_t col = i % W;
     const unsigned long long at = static_cast<unsigned long long>(i);
     if (col < q_end) {
-      q.add(rounding_distance(got[i], want_q[i]), tol_q, at);
+      q.add(rounding_distance(got[i], want_q[i], tol_q), tol_q, at);
     } else if (col < k_end) {
-      k.add(tol_k > 0 ? rounding_distance(got[i], want_k[i]) : ulp_distance(got[i], want_k[i]), tol_k, at);
+      k.add(rounding_distance(got[i], want_k[i], tol_k), tol_k, at);
     } else {
       v.add(ulp_distance(got[i], want_v[i]), 0, at);
     }
@@ -153,8 +154,7 @@ __global__ void compare_cache(kvrope::PagedCache<const C> cache, int64_t P, int6
     const int t = writer[slot];
     const unsigned long long at = static_cast<unsigned long long>(i);
     if (t >= 0) {
-      const C w = want[(t * H + h) * D + d];
-      written.add(tol > 0 ? rounding_distance(got, w) : ulp_distance(got, w), tol, at);
+      written.add(rounding_distance(got, want[(t * H + h) * D + d], tol), tol, at);
     } else {
       rest.add(bits_of(got) == pattern ? 0u : 1u, 0, at);
     }

@@ -72,8 +72,7 @@ def _check_pairs(cos: torch.Tensor, sin: torch.Tensor, style: str) -> None:
     one value an element."""
     if style != "interleaved":
         return
-    if cos.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise ValueError("kvrope: check=True reads the tables (it synchronizes): not under CUDA graph capture")
+    _refuse_capture("the tables", cos)
     r = cos.shape[-1]
     for name, t in (("cos", cos), ("sin", sin)):
         if torch.equal(t[..., :r // 2], t[..., r // 2:]) and not torch.equal(t[..., 0::2], t[..., 1::2]):
@@ -94,11 +93,16 @@ def _refuse_grad(op: str, **tensors: Optional[torch.Tensor]) -> None:
                                f"train, or call {op} under torch.no_grad() or torch.inference_mode()")
 
 
+def _refuse_capture(what: str, t: torch.Tensor, hint: str = "") -> None:
+    """check=True reads device values (a synchronization): refused while a CUDA graph is captured."""
+    if t.is_cuda and not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing():
+        raise ValueError(f"kvrope: check=True reads {what} (it synchronizes): not under CUDA graph capture{hint}")
+
+
 @torch.compiler.disable  # reads device values: eager, a graph break under torch.compile
 def _check_positions(name: str, positions: torch.Tensor, cache_len: int) -> None:
     """check=True: every position in [-S_max, S_max), else a ValueError (reads the positions: synchronizes)."""
-    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise ValueError("kvrope: check=True reads the positions (it synchronizes): not under CUDA graph capture")
+    _refuse_capture("the positions", positions)
     bad = (positions < -cache_len) | (positions >= cache_len)
     if bool(bad.any()):
         index = int(bad.nonzero()[0, 0])
@@ -218,9 +222,7 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
     elif layout != "NHD":
         raise ValueError(f"kvrope: layout must be 'NHD' or 'HND', not {layout!r}")
     if check:
-        if not torch.compiler.is_compiling() and key.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise ValueError("kvrope: check=True reads the error flag (it synchronizes): not under CUDA graph "
-                             "capture; pass error_flag and read it after the replay")
+        _refuse_capture("the error flag", key, "; pass error_flag and read it after the replay")
         if error_flag is None:
             error_flag = torch.zeros(1, dtype=torch.int32, device=key.device)
     _call(_APPEND, query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,

@@ -69,4 +69,10 @@ struct AppendArgs {
   int table_copy_bytes;  // bytes one asynchronous copy of a table row moves: 16, 8, 4, or 2 (plain copies)
 };
 
+//! Bytes of one row of the call's table cache: R elements of fp32 or T.
+template <typename T, typename C>
+__host__ __device__ inline int64_t append_table_bytes(const AppendArgs<T, C>& a) {
+  return a.rotary_dim * (a.table_f32 ? int64_t{4} : int64_t{sizeof(T)});
+}
+
 }  // namespace kvrope::detail

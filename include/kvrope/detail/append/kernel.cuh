@@ -68,10 +68,11 @@ __device__ __forceinline__ int find_slot(const AppendTile& tl, int hash_slots, i
   }
 }
 
+// Token t's position, or -1 when it is outside [0, max_position).
 template <typename T, typename C>
-__device__ __forceinline__ bool append_position_ok(const AppendArgs<T, C>& a, int64_t t) {
+__device__ __forceinline__ int64_t append_position(const AppendArgs<T, C>& a, int64_t t) {
   const int64_t p = index_value(load_raw_index(a.positions, a.positions_are_int64, t), a.positions_are_int64);
-  return p >= 0 && p < a.max_position;
+  return p >= 0 && p < a.max_position ? p : -1;
 }
 
 // Copies `bytes` (16, 8 or 4) from global to shared memory without a register (sm_80+: cp.async).
@@ -115,9 +116,8 @@ __device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const Appe
   }
   for (int i = tid; i < tl.count; i += threads) {
     const int64_t t = tl.first + i;
-    const int64_t p = index_value(load_raw_index(a.positions, a.positions_are_int64, t), a.positions_are_int64);
     int64_t s = hs > 0 ? a.slots[t] : -1;
-    if (p < 0 || p >= a.max_position) {
+    if (append_position(a, t) < 0) {
       if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrorPositionIdOutOfRange);
       s = -2;
     } else {
@@ -130,14 +130,13 @@ __device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const Appe
     tl.slot[i] = s;
   }
   // The table rows, a copy a thread (each thread loads the position its copy needs).
-  const int bytes = static_cast<int>(a.rotary_dim) * (a.table_f32 ? 4 : static_cast<int>(sizeof(T)));
-  const int step = a.table_copy_bytes >= 4 ? a.table_copy_bytes : 2;
+  const int bytes = static_cast<int>(append_table_bytes(a));
+  const int step = a.table_copy_bytes;
   const int copies = bytes / step;
   for (int c = tid; c < tl.count * copies; c += threads) {
     const int i = c / copies, b = (c - i * copies) * step;
-    const int64_t p =
-        index_value(load_raw_index(a.positions, a.positions_are_int64, tl.first + i), a.positions_are_int64);
-    if (p < 0 || p >= a.max_position) continue;
+    const int64_t p = append_position(a, tl.first + i);
+    if (p < 0) continue;
     const unsigned char* src = static_cast<const unsigned char*>(a.table) + p * bytes + b;
     unsigned char* dst = tl.table + int64_t{i} * a.table_row_bytes + b;
     if (step >= 4)
@@ -150,10 +149,11 @@ __device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const Appe
     // A tile of one token (decode) needs no table: its slot is compared with each later one.
     const bool one = tl.count == 1;
     const int64_t own = tl.slot[0];
-    if (!one)
+    if (!one) {
       for (int i = tid; i < tl.count; i += threads)
         if (tl.slot[i] >= 0) atomicMax(&tl.last[insert_slot(tl, hs, tl.slot[i])], i);
-    if (!one) __syncthreads();
+      __syncthreads();
+    }
     if (!one || own >= 0) {
       for (int64_t u0 = tl.first + tl.count + tid; u0 < a.tokens; u0 += kAppendSlotLoads * int64_t{threads}) {
         int64_t s[kAppendSlotLoads];  // all issued before any is used
@@ -166,7 +166,7 @@ __device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const Appe
         for (int k = 0; k < kAppendSlotLoads; ++k) {
           if (s[k] < 0 || s[k] >= a.num_slots) continue;
           const int e = one ? (s[k] == own ? 0 : -1) : find_slot(tl, hs, s[k]);
-          if (e >= 0 && append_position_ok(a, u0 + k * int64_t{threads})) atomicOr(&tl.later[e], 1);
+          if (e >= 0 && append_position(a, u0 + k * int64_t{threads}) >= 0) atomicOr(&tl.later[e], 1);
         }
       }
     }

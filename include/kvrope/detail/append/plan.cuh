@@ -83,8 +83,7 @@ inline int append_lanes(int units) {
 //! an element at a time).
 template <typename T, typename C>
 int append_table_copy_bytes(const AppendArgs<T, C>& a) {
-  const int64_t elem = a.table_f32 ? 4 : int64_t{sizeof(T)};
-  const int64_t row = a.rotary_dim * elem;
+  const int64_t row = append_table_bytes(a);
   const auto base = reinterpret_cast<uintptr_t>(a.table);
   for (int bytes : {16, 8, 4})
     if (row % bytes == 0 && base % bytes == 0) return bytes;
@@ -111,8 +110,7 @@ void plan_append_launch(AppendArgs<T, C>& a, int n, int sms, int resident, Appen
   const int64_t per_token = a.q_heads + 2 * a.heads;
   a.rows = a.tokens * per_token;
   a.div_rows = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(per_token, 1)));
-  const int64_t elem = a.table_f32 ? 4 : int64_t{sizeof(T)};
-  a.table_row_bytes = static_cast<int>((a.rotary_dim * elem + 15) / 16 * 16);
+  a.table_row_bytes = static_cast<int>((append_table_bytes(a) + 15) / 16 * 16);
   a.table_copy_bytes = append_table_copy_bytes(a);
   const int64_t capacity = int64_t{sms} * std::max(resident, 1);
   const int64_t wave = (a.tokens + capacity - 1) / capacity;
