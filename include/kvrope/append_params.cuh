@@ -134,6 +134,7 @@ struct AppendPlan {
   int grid = 0;           //!< blocks
   int block = 0;          //!< threads per block
   int tile_tokens = 0;    //!< consecutive tokens a block takes at a time
+  int token_warps = 0;    //!< the few-token path: warps a token's rows take, no staging (0: tiles)
 };
 
 }  // namespace kvrope

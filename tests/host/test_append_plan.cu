@@ -81,13 +81,12 @@ TEST_CASE("append plan: a tile's tokens fill one wave, up to what its shared mem
   plan_append_launch(a, 8, 132, 2, plan);
   CHECK(a.tile_tokens == 1);
   CHECK(a.row_splits == 1);  // 48 rows: one pass of the block's 32 groups, two rows each
-  CHECK(plan.grid == 1);
+  CHECK(a.tiles == 1);
   a = append_args(shape(1, 8, 64, 128));  // 80 rows: two blocks of 40, each one pass
   plan_append_launch(a, 8, 132, 2, plan);
   CHECK(a.row_splits == 2);
   CHECK(a.split_rows == 40);
   CHECK(a.tiles == 2);
-  CHECK(plan.grid == 2);
   a = append_args(shape(200, 8, 64, 128));  // more tokens than a wave's half: no split
   plan_append_launch(a, 8, 132, 2, plan);
   CHECK(a.row_splits == 1);
@@ -108,6 +107,38 @@ TEST_CASE("append plan: a tile's tokens fill one wave, up to what its shared mem
   a = append_args(p);
   plan_append_launch(a, 8, 132, 2, plan);
   CHECK(a.hash_slots == 0);
+}
+
+TEST_CASE("append plan: few tokens take a warp a token's rows, nothing staged", "[host][plan]") {
+  AppendArgs<T, T> a = append_args(shape(1, 8, 32, 128));
+  AppendPlan plan{};
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.token_warps == 12);  // 48 rows, 4 a warp (8 lanes a row)
+  CHECK(plan.token_warps == 12);
+  CHECK(a.div_token_warps.divisor == 12);
+  CHECK(plan.block == kAppendTokenBlockThreads);
+  CHECK(plan.grid == 3);                                      // 12 warps, 4 a block
+  a = append_args(shape(kAppendTokenMaxTokens, 8, 64, 128));  // 80 rows: 20 warps a token
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.token_warps == 20);
+  CHECK(plan.grid == kAppendTokenMaxTokens * 20 / 4);
+  a = append_args(shape(kAppendTokenMaxTokens + 1, 8, 64, 128));  // a warp's check would take two rounds
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.token_warps == 0);
+  CHECK(plan.token_warps == 0);
+  CHECK(plan.block == kAppendBlockThreads);
+  a = append_args(shape(3, 1, 1, 128));  // 3 rows: one warp, a group idle
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.token_warps == 1);
+  CHECK(plan.grid == 1);
+  a = append_args(shape(8, 8, 32, 128));
+  plan_append_launch(a, 1, 132, 2, plan);  // the scalar path stays on tiles
+  CHECK(a.token_warps == 0);
+  AppendParams<T, T> p = shape(8, 8, 32, 128);
+  p.rotary_dim = 2;  // table rows of 8 bytes: no 16-byte runs
+  a = append_args(p);
+  plan_append_launch(a, 8, 132, 2, plan);
+  CHECK(a.token_warps == 0);
 }
 
 TEST_CASE("append plan: table rows copied as wide as their size and start allow", "[host][plan]") {

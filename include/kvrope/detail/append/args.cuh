@@ -55,18 +55,20 @@ struct AppendArgs {
   bool scale_per_head;
   int* error_flag;
   // The plan (plan.cuh):
-  int units;             // units a row: D / (2 N), N the elements of a chunk
-  int rotary_units;      // units of the rotated part: R / (2 N)
-  int lanes;             // lanes a row: a power of two, at most 32
-  int64_t rows;          // T (Hq + 2 H)
-  FastDivmod div_rows;   // a tile's row -> (token, j)
-  int tile_tokens;       // tokens a tile: a block's unit of work, its tables and slots staged
-  int row_splits;        // blocks a tile's rows are split over (one-token tiles of a small call), else 1
-  int split_rows;        // rows each of them takes
-  int64_t tiles;         // ceil(T / tile_tokens) row_splits
-  int hash_slots;        // entries of a tile's slot table, a power of two >= 2 tile_tokens (0: no cache rows)
-  int table_row_bytes;   // shared bytes of one staged table row: R elements, rounded up to 16
-  int table_copy_bytes;  // bytes one asynchronous copy of a table row moves: 16, 8, 4, or 2 (plain copies)
+  int units;                   // units a row: D / (2 N), N the elements of a chunk
+  int rotary_units;            // units of the rotated part: R / (2 N)
+  int lanes;                   // lanes a row: a power of two, at most 32
+  int64_t rows;                // T (Hq + 2 H)
+  FastDivmod div_rows;         // a tile's row -> (token, j)
+  int tile_tokens;             // tokens a tile: a block's unit of work, its tables and slots staged
+  int row_splits;              // blocks a tile's rows are split over (one-token tiles of a small call), else 1
+  int split_rows;              // rows each of them takes
+  int64_t tiles;               // ceil(T / tile_tokens) row_splits
+  int hash_slots;              // entries of a tile's slot table, a power of two >= 2 tile_tokens (0: no cache rows)
+  int table_row_bytes;         // shared bytes of one staged table row: R elements, rounded up to 16
+  int table_copy_bytes;        // bytes one asynchronous copy of a table row moves: 16, 8, 4, or 2 (plain copies)
+  int token_warps;             // the few-token path (token_kernel.cuh): warps a token, else 0 (tiles)
+  FastDivmod div_token_warps;  // a warp -> its token
 };
 
 //! Bytes of one row of the call's table cache: R elements of fp32 or T.

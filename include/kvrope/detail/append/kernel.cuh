@@ -19,8 +19,6 @@
 
 namespace kvrope::detail {
 
-//! Slots a thread loads at once while scanning the later tokens for the tile's slots.
-inline constexpr int kAppendSlotLoads = 8;
 //! An empty key of a tile's slot table (no slot in range has all bits set).
 inline constexpr unsigned long long kAppendNoSlot = ~0ull;
 
@@ -222,17 +220,23 @@ struct AppendRow {
   RowKind kind;
 };
 
-// Row r of tile `tl`: a token's rows are numbered j in [0, Hq + 2 H), q heads, then k heads, then v heads.
+// Row j of a token (j in [0, Hq + 2 H): q heads, then k heads, then v heads).
 template <typename T, typename C>
-__device__ __forceinline__ AppendRow append_row(const AppendArgs<T, C>& a, const AppendTile& tl, int r) {
+__device__ __forceinline__ AppendRow token_row(const AppendArgs<T, C>& a, int64_t token, int local, int j) {
   AppendRow row;
-  row.local = static_cast<int>(a.div_rows.div32(static_cast<uint32_t>(r)));
-  row.token = tl.first + row.local;
-  const int j = r - row.local * static_cast<int>(a.div_rows.divisor);
+  row.token = token;
+  row.local = local;
   const int q = static_cast<int>(a.q_heads), h = static_cast<int>(a.heads);
   row.kind = j < q ? RowKind::kQuery : j < q + h ? RowKind::kKey : RowKind::kValue;
   row.head = row.kind == RowKind::kQuery ? j : row.kind == RowKind::kKey ? j - q : j - q - h;
   return row;
+}
+
+// Row r of tile `tl`: a token's rows are numbered j in [0, Hq + 2 H).
+template <typename T, typename C>
+__device__ __forceinline__ AppendRow append_row(const AppendArgs<T, C>& a, const AppendTile& tl, int r) {
+  const int local = static_cast<int>(a.div_rows.div32(static_cast<uint32_t>(r)));
+  return token_row(a, tl.first + local, local, r - local * static_cast<int>(a.div_rows.divisor));
 }
 
 template <typename T, typename C>
@@ -275,14 +279,14 @@ struct AppendRowContext {
   float inv_rms;               // the row's norm factor
 };
 
-// The context of row `r` of tile `tl`: false when its token writes nothing (its position is out of range).
+// The context of row `r` whose token's table row is at `table` and whose slot to write is `slot` (-1:
+// none, -2: its position is out of range): false when the token writes nothing.
 template <typename T, typename C>
-__device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const AppendTile& tl, const AppendRow& r,
-                                            AppendRowContext<T, C>& ctx) {
+__device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const AppendRow& r, const unsigned char* table,
+                                            int64_t slot, AppendRowContext<T, C>& ctx) {
   ctx.r = r;
-  const int64_t slot = tl.slot[r.local];
   if (slot == -2) return false;
-  ctx.table = tl.table + int64_t{r.local} * a.table_row_bytes;
+  ctx.table = table;
   ctx.cache_row = nullptr;
   ctx.scale = 1.0f;
   if (r.kind != RowKind::kQuery && slot >= 0) {
@@ -298,6 +302,13 @@ __device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const App
   ctx.norm = r.kind == RowKind::kQuery ? a.q_norm : r.kind == RowKind::kKey ? a.k_norm : nullptr;
   ctx.inv_rms = 1.0f;
   return true;
+}
+
+// The same for row `r` of tile `tl`, from the tile's staged state.
+template <typename T, typename C>
+__device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const AppendTile& tl, const AppendRow& r,
+                                            AppendRowContext<T, C>& ctx) {
+  return row_context(a, r, tl.table + int64_t{r.local} * a.table_row_bytes, tl.slot[r.local], ctx);
 }
 
 template <typename T, typename C>
@@ -411,18 +422,24 @@ __device__ __forceinline__ void store_unit(const AppendArgs<T, C>& a, const Appe
   }
 }
 
-// Finishes and stores row r of the tile from the unit lane holds (every lane of the row's group: the
-// norm's sum is a group shuffle).
+// Finishes and stores a row from the unit lane holds (every lane of the row's group: the norm's sum is a
+// group shuffle).
 template <typename T, typename C, int N>
-__device__ __forceinline__ void finish_row(const AppendArgs<T, C>& a, const AppendTile& tl, int r, const UnitPlace& pl,
+__device__ __forceinline__ void finish_row(const AppendArgs<T, C>& a, AppendRowContext<T, C>& ctx, const UnitPlace& pl,
                                            bool active, UnitChunks<T, N>& x) {
-  AppendRowContext<T, C> ctx;
-  if (!row_context(a, tl, append_row(a, tl, r), ctx)) return;
   if (ctx.norm != nullptr) ctx.inv_rms = row_inv_rms(a, group_sum(active ? unit_square_sum(x) : 0.0f, a.lanes));
   if (active) {
     finish_unit<T, C, N>(a, ctx, pl, x);
     store_unit<T, C, N>(a, ctx, pl, x);
   }
+}
+
+// The same for row r of tile `tl`.
+template <typename T, typename C, int N>
+__device__ __forceinline__ void finish_row(const AppendArgs<T, C>& a, const AppendTile& tl, int r, const UnitPlace& pl,
+                                           bool active, UnitChunks<T, N>& x) {
+  AppendRowContext<T, C> ctx;
+  if (row_context(a, tl, append_row(a, tl, r), ctx)) finish_row<T, C, N>(a, ctx, pl, active, x);
 }
 
 //! The append. N: elements a chunk (16 bytes, or 1 when a row or stride is not aligned). A block takes

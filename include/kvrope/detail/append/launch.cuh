@@ -10,6 +10,7 @@
 #include "../../core/status.cuh"
 #include "../common/device.cuh"
 #include "kernel.cuh"
+#include "token_kernel.cuh"
 #include "plan.cuh"
 #include "validate.cuh"
 
@@ -37,10 +38,12 @@ Status launch_append(AppendArgs<T, C> a, cudaStream_t stream, AppendPlan* plan_o
   if (Status s = resident_blocks(kernel, device, kAppendBlockThreads, append_most_shared_bytes(a), 0, &resident); !s)
     return s;
   plan_append_launch(a, n, sms, resident, plan);
-  const int shared = append_shared_bytes(a);
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
-  kernel<<<plan.grid, plan.block, shared, stream>>>(a);
+  if (a.token_warps > 0)
+    append_token_kernel<T, C, kWide><<<plan.grid, plan.block, 0, stream>>>(a);
+  else
+    kernel<<<plan.grid, plan.block, append_shared_bytes(a), stream>>>(a);
   return cuda_status(cudaGetLastError(), "kernel launch");
 }
 

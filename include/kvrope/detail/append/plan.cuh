@@ -136,6 +136,19 @@ void plan_append_launch(AppendArgs<T, C>& a, int n, int sms, int resident, Appen
   plan.block = kAppendBlockThreads;
   plan.tile_tokens = a.tile_tokens;
   plan.grid = static_cast<int>(std::clamp<int64_t>(a.tiles, 1, capacity));
+  // Few tokens on the vector path with whole 16-byte table runs: a warp a token's rows, nothing staged.
+  const bool wide = n * int64_t{sizeof(T)} == 16 && a.table_copy_bytes == 16;
+  a.token_warps = 0;
+  if (single && wide && a.tokens <= kAppendTokenMaxTokens) {
+    const int rows_per_warp = 32 / a.lanes;
+    a.token_warps = static_cast<int>((per_token + rows_per_warp - 1) / rows_per_warp);
+    a.div_token_warps = FastDivmod(static_cast<uint32_t>(a.token_warps));
+    constexpr int kWarps = kAppendTokenBlockThreads / 32;
+    plan.block = kAppendTokenBlockThreads;
+    plan.grid = static_cast<int>((a.tokens * a.token_warps + kWarps - 1) / kWarps);
+    plan.tile_tokens = 1;
+  }
+  plan.token_warps = a.token_warps;
 }
 
 //! Dynamic shared memory of a launch: a tile's staged state.

@@ -15,6 +15,17 @@ inline constexpr int kAppendBlocksPerSm = 2;
 inline constexpr int kAppendRowsInFlight = 2;  // (3: prefill 1.500 -> 1.641 x floor, 4: 1.709)
 //! Most tokens a tile (its slot table and its scan of later slots are sized by it).
 inline constexpr int kAppendTileMaxTokens = 128;
+//! Slots a thread loads at once while scanning the later tokens for a tile's slots.
+inline constexpr int kAppendSlotLoads = 8;
+//! Threads a block of the few-token path (4 warps: small calls still spread over many SMs).
+inline constexpr int kAppendTokenBlockThreads = 128;
+//! Most tokens a call the few-token path takes: a warp checks every later slot in one round of
+//! loads (32 lanes x kAppendSlotLoads).
+#ifndef KVROPE_DEV_APPEND_TOKEN_MAX
+inline constexpr int kAppendTokenMaxTokens = 32 * kAppendSlotLoads;
+#else
+inline constexpr int kAppendTokenMaxTokens = KVROPE_DEV_APPEND_TOKEN_MAX;
+#endif
 //! Most dynamic shared memory of a block (the default limit: no attribute to set).
 inline constexpr int kAppendSharedBudget = 48 * 1024;
 
