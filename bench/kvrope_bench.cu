@@ -264,7 +264,7 @@ int main(int argc, char** argv) {
                  static_cast<long long>(run.options.iters));
   }
 
-  cupti::init();
+  if (run.options.cupti) cupti::init();
   KVROPE_BENCH_CUDA(cudaFree(nullptr));  // create the context
   run.device = query_device();
   g_policy = tuned_policy(run.options, run.device.major);

@@ -28,6 +28,8 @@ inline bool is_harness_kernel(const char* name) {
 
 inline std::mutex g_mutex;
 inline std::vector<Span> g_spans;
+// False under --clock=events (a profiler such as ncu or nsys holds the one CUPTI subscription).
+inline bool g_enabled = false;
 inline std::vector<uint8_t*> g_free_buffers;
 constexpr size_t kBufferBytes = size_t{2} << 20;
 
@@ -99,6 +101,7 @@ constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, 
 // Tracing slows every launch down (and CUPTI's per-flush setup lands on the next launch), so the
 // CUDA-event times a caller would see are measured with tracing off.
 inline void set_tracing(bool on) {
+  if (!g_enabled) return;
   for (CUpti_ActivityKind kind : kKinds) {
     KVROPE_BENCH_CUPTI(on ? cuptiActivityEnable(kind) : cuptiActivityDisable(kind));
   }
@@ -106,6 +109,7 @@ inline void set_tracing(bool on) {
 
 // Before the CUDA context exists.
 inline void init() {
+  g_enabled = true;
   for (int i = 0; i < 8; ++i) g_free_buffers.push_back(new_buffer());
   KVROPE_BENCH_CUPTI(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
   set_tracing(true);
@@ -114,6 +118,7 @@ inline void init() {
 // Delivers every completed record (call after a device synchronize) and returns the spans
 // collected since the last take().
 inline std::vector<Span> flush_and_take(bool forced = false) {
+  if (!g_enabled) return {};
   KVROPE_BENCH_CUPTI(cuptiActivityFlushAll(forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0));
   std::lock_guard<std::mutex> lock(g_mutex);
   std::vector<Span> spans;

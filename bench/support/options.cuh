@@ -168,6 +168,7 @@ struct Options {
   int64_t iters = 100;
   int64_t warmup = 3;
   bool check = true;
+  bool cupti = true;  // --clock=events: CUDA events only, for runs under a profiler (ncu, nsys)
   bool primer = true;
   bool naive_first = false;  // --naive_first=1: each case's naive reference first
   bool flush_reads = false;  // --flush=read: the diagnostic flush by reads (clean lines in L2)
@@ -266,6 +267,7 @@ inline void print_usage() {
       "  --workspace=0|1             pass the fused variant a workspace (default 1; 0: each block copies a fixed "
       "share;\n"
       "                              leaderboard suite only)\n"
+      "  --clock=events              time with CUDA events only (no CUPTI): for runs under ncu or nsys\n"
       "  --no_check                  skip the check against the CPU float64 reference (serve suites: against\n"
       "                              the naive reference, once a case and kvrope variant)\n"
       "  --seed=N                    seed of the random inputs\n"
@@ -383,6 +385,9 @@ inline Options parse_options(int* argc, char** argv) {
       }
     } else if (key == "--no_check") {
       opt.check = false;
+    } else if (key == "--clock") {
+      if (value != "cupti" && value != "events") bad_option(arg, "expected cupti or events");
+      opt.cupti = value == "cupti";
     } else if (key == "--kvrope_json") {
       if (value.empty()) bad_option(arg, "expected a path");
       opt.json_path = value;

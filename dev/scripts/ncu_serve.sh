@@ -18,7 +18,7 @@ for entry in ${CASES:-serve-decode:1 serve-decode:3 serve-prefill:25 serve-prefi
   IFS=: read -r suite id <<< "$entry"
   log="$out/ncu-$suite-$id.log"
   timeout 120 ncu --clock-control none --cache-control all -k "regex:${KERNEL:-append_kernel}" -s ${SKIP:-2} -c 1 \
-    --metrics "$metrics" $build/bench/kvrope_bench --suite=$suite --cases=$id --variants=${VARIANT:-kvrope} --iters=5 \
+    --metrics "$metrics" $build/bench/kvrope_bench --suite=$suite --cases=$id --variants=${VARIANT:-kvrope} --iters=5 --clock=events \
     > "$log" 2>&1
   echo "== $suite case $id"
   grep -E "append_kernel|gpu__time|inst_executed|latency_per|stalled|dram__|lts__|launch__|sm__|issue_active" "$log" |

@@ -220,7 +220,7 @@ TEST_CASE("append: padding, repeated and out-of-range slots, out-of-range positi
   uint64_t seed = 400;
   for (const SlotPattern slots : {SlotPattern::kPadding, SlotPattern::kRepeats, SlotPattern::kOutOfRange})
     for (const bool bad_positions : {false, true})
-      for (const int64_t tokens : {int64_t{2}, int64_t{37}, int64_t{256}, int64_t{257}, int64_t{1024}}) {
+      for (const int64_t tokens : {int64_t{2}, int64_t{37}, int64_t{256}, int64_t{1024}, int64_t{1025}}) {
         AppendConfig c;
         c.seed = seed++;
         c.tokens = tokens;

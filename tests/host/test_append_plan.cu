@@ -70,7 +70,8 @@ TEST_CASE("append plan: rows, lanes, tiles and the grid of a prefill", "[host][p
   CHECK(plan.tile_tokens == 16);
   CHECK(a.tiles == 256);
   CHECK(a.hash_slots == 32);
-  CHECK(append_shared_bytes(a) == 16 * 512 + 16 * 8 + 32 * 16);
+  CHECK(a.ring_bytes == kAppendRowStages * 2 * 16 * kAppendBlockThreads);  // a ring row: two 16-byte chunks a thread
+  CHECK(append_shared_bytes(a) == 16 * 512 + 16 * 8 + 32 * 16 + a.ring_bytes);
   CHECK(plan.block == kAppendBlockThreads);
   CHECK(plan.grid == 256);
 }
@@ -94,7 +95,7 @@ TEST_CASE("append plan: a tile's tokens fill one wave, up to what its shared mem
   a = append_args(shape(1 << 20, 8, 32, 128));
   plan_append_launch(a, 8, 132, 2, plan);
   CHECK(a.tile_tokens == 64);  // 64 fp32 table rows of 512 bytes and their slots fit 48 KiB, 128 do not
-  CHECK(append_shared_bytes(a) <= kAppendSharedBudget);
+  CHECK(append_shared_bytes(a) - a.ring_bytes <= kAppendSharedBudget);
   CHECK(append_most_shared_bytes(a) == append_shared_bytes(a));
   CHECK(plan.grid == 264);
   AppendParams<T, T> p = shape(1 << 20, 8, 32, 128);
@@ -122,7 +123,7 @@ TEST_CASE("append plan: few tokens take a warp a token's rows, nothing staged", 
   plan_append_launch(a, 8, 132, 2, plan);
   CHECK(a.token_warps == 20);
   CHECK(plan.grid == kAppendTokenMaxTokens * 20 / 4);
-  a = append_args(shape(kAppendTokenMaxTokens + 1, 8, 64, 128));  // a warp's check would take two rounds
+  a = append_args(shape(kAppendTokenMaxTokens + 1, 8, 64, 128));  // past the few-token path: tiles
   plan_append_launch(a, 8, 132, 2, plan);
   CHECK(a.token_warps == 0);
   CHECK(plan.token_warps == 0);
@@ -132,8 +133,9 @@ TEST_CASE("append plan: few tokens take a warp a token's rows, nothing staged", 
   CHECK(a.token_warps == 1);
   CHECK(plan.grid == 1);
   a = append_args(shape(8, 8, 32, 128));
-  plan_append_launch(a, 1, 132, 2, plan);  // the scalar path stays on tiles
+  plan_append_launch(a, 1, 132, 2, plan);  // the scalar path stays on tiles, its rows in registers
   CHECK(a.token_warps == 0);
+  CHECK(a.ring_bytes == 0);
   AppendParams<T, T> p = shape(8, 8, 32, 128);
   p.rotary_dim = 2;  // table rows of 8 bytes: no 16-byte runs
   a = append_args(p);

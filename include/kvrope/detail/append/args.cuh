@@ -27,6 +27,9 @@ __host__ __device__ inline AppendShared append_shared_layout(int tile_tokens, in
   return s;
 }
 
+//! Where the row rings start: after the staged state, at a 16-byte boundary.
+__host__ __device__ inline int append_ring_offset(int staged_bytes) { return (staged_bytes + 15) / 16 * 16; }
+
 //! The append as its kernel sees it. A token's rows are numbered j in [0, Hq + 2 H): q heads, then k
 //! heads, then v heads, so that one walk over rows covers every row a token writes.
 template <typename T, typename C>
@@ -67,6 +70,7 @@ struct AppendArgs {
   int hash_slots;              // entries of a tile's slot table, a power of two >= 2 tile_tokens (0: no cache rows)
   int table_row_bytes;         // shared bytes of one staged table row: R elements, rounded up to 16
   int table_copy_bytes;        // bytes one asynchronous copy of a table row moves: 16, 8, 4, or 2 (plain copies)
+  int ring_bytes;              // shared bytes of the groups' row rings after the staged state (0: none)
   int token_warps;             // the few-token path (token_kernel.cuh): warps a token, else 0 (tiles)
   FastDivmod div_token_warps;  // a warp -> its token
 };

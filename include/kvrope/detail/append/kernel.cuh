@@ -99,6 +99,21 @@ __device__ __forceinline__ void wait_shared_copies() {
 #endif
 }
 
+// Closes the thread's current group of asynchronous copies (possibly empty).
+__device__ __forceinline__ void commit_shared_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most `kPending` of the thread's latest groups are still copying.
+template <int kPending>
+__device__ __forceinline__ void wait_shared_copies_but() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+#endif
+}
+
 // Stages tile `tl` (every thread of the block; it ends with a barrier): each token's slot, its table row
 // (copied while the later tokens' slots are scanned), and whether it is the last to write its slot: no
 // later token with its position in range names it, in the tile (the slot table's `last`) or after it
@@ -279,25 +294,32 @@ struct AppendRowContext {
   float inv_rms;               // the row's norm factor
 };
 
-// The context of row `r` whose token's table row is at `table` and whose slot to write is `slot` (-1:
-// none, -2: its position is out of range): false when the token writes nothing.
+// The scale of row r's cache (fp8 caches' k or v rows; else 1).
+template <typename T, typename C>
+__device__ __forceinline__ float row_scale(const AppendArgs<T, C>& a, const AppendRow& r) {
+  if constexpr (kIsFp8<C>) {
+    const float* scale = r.kind == RowKind::kKey ? a.k_scale : r.kind == RowKind::kValue ? a.v_scale : nullptr;
+    if (scale != nullptr) return scale[a.scale_per_head ? r.head : 0];
+  }
+  return 1.0f;
+}
+
+// The context of row `r` whose token's table row is at `table`, whose slot to write is `slot` (-1:
+// none, -2: its position is out of range) and whose cache scale is `scale` (row_scale): false when the
+// token writes nothing.
 template <typename T, typename C>
 __device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const AppendRow& r, const unsigned char* table,
-                                            int64_t slot, AppendRowContext<T, C>& ctx) {
+                                            int64_t slot, float scale, AppendRowContext<T, C>& ctx) {
   ctx.r = r;
   if (slot == -2) return false;
   ctx.table = table;
   ctx.cache_row = nullptr;
-  ctx.scale = 1.0f;
+  ctx.scale = scale;
   if (r.kind != RowKind::kQuery && slot >= 0) {
     uint64_t offset = 0;
     const uint64_t page = a.div_page.divmod(static_cast<uint64_t>(slot), offset);
     const PagedCache<C>& cache = r.kind == RowKind::kKey ? a.k_cache : a.v_cache;
     ctx.cache_row = cache.row(static_cast<int64_t>(page), static_cast<int64_t>(offset), r.head);
-    if constexpr (kIsFp8<C>) {
-      const float* scale = r.kind == RowKind::kKey ? a.k_scale : a.v_scale;
-      if (scale != nullptr) ctx.scale = scale[a.scale_per_head ? r.head : 0];
-    }
   }
   ctx.norm = r.kind == RowKind::kQuery ? a.q_norm : r.kind == RowKind::kKey ? a.k_norm : nullptr;
   ctx.inv_rms = 1.0f;
@@ -308,7 +330,7 @@ __device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const App
 template <typename T, typename C>
 __device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const AppendTile& tl, const AppendRow& r,
                                             AppendRowContext<T, C>& ctx) {
-  return row_context(a, r, tl.table + int64_t{r.local} * a.table_row_bytes, tl.slot[r.local], ctx);
+  return row_context(a, r, tl.table + int64_t{r.local} * a.table_row_bytes, tl.slot[r.local], row_scale(a, r), ctx);
 }
 
 template <typename T, typename C>
@@ -465,7 +487,41 @@ __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) appen
     // This block's rows of the tile: [begin, rows).
     const int begin = static_cast<int>(tile - tokens_tile * a.row_splits) * a.split_rows;
     const int rows = tl.count * per_token < begin + a.split_rows ? tl.count * per_token : begin + a.split_rows;
-    if constexpr (kSingle) {
+    if constexpr (kSingle && kAppendRowStages > 0 && N * sizeof(T) == 16) {
+      // A ring of kStages rows a group in shared memory, each lane's two chunks at [stage][half][thread]
+      // (16-byte accesses of consecutive threads: no bank conflicts); a lane reads back only what it
+      // copied, so its own waits order the ring and no barrier is needed.
+      constexpr int kStages = kAppendRowStages;
+      const bool active = lane < a.units;
+      const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, a.rotary_units, lane);
+      const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+      uint4* const ring = reinterpret_cast<uint4*>(shared + append_ring_offset(at.bytes)) + tid;
+      auto issue = [&](int r, int stage) {
+        if (r < rows && active) {
+          const T* src = row_source(a, append_row(a, tl, r));
+          copy_to_shared_async(ring + (2 * stage) * threads, src + pl.lo, 16);
+          copy_to_shared_async(ring + (2 * stage + 1) * threads, src + pl.hi, 16);
+        }
+        commit_shared_copies();  // one group a row, empty past the end, so that the waits count rows
+      };
+      const int r0 = begin + group;
+#pragma unroll
+      for (int k = 0; k < kStages - 1; ++k) issue(r0 + k * groups, k);
+      stage_tile(a, tl);  // (waits for every copy so far: the first rows too)
+      int stage = 0;
+      for (int r = r0; r < rows; r += groups) {
+        issue(r + (kStages - 1) * groups, stage == 0 ? kStages - 1 : stage - 1);
+        wait_shared_copies_but<kStages - 1>();
+        UnitChunks<T, N> x;
+        if (active) {
+          const uint4 lo = ring[(2 * stage) * threads], hi = ring[(2 * stage + 1) * threads];
+          memcpy(&x.lo, &lo, 16);
+          memcpy(&x.hi, &hi, 16);
+        }
+        finish_row<T, C, N>(a, tl, r, pl, active, x);
+        stage = stage + 1 == kStages ? 0 : stage + 1;
+      }
+    } else if constexpr (kSingle) {
       constexpr int kRows = kAppendRowsInFlight;
       const bool active = lane < a.units;
       const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, a.rotary_units, lane);

@@ -35,7 +35,11 @@ Status launch_append(AppendArgs<T, C> a, cudaStream_t stream, AppendPlan* plan_o
   if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
   if (Status s = device_attribute(cudaDevAttrMultiProcessorCount, device, &sms); !s) return s;
   plan_append_launch(a, n, sms, kAppendBlocksPerSm, plan);  // the shape first: the table rows' size
-  if (Status s = resident_blocks(kernel, device, kAppendBlockThreads, append_most_shared_bytes(a), 0, &resident); !s)
+  // With rings, the instance may take more than the default 48 KiB: its most for any call (the staged
+  // state's budget and the rings), one value an instance.
+  const int allowed = a.ring_bytes > 0 ? kAppendSharedBudget + a.ring_bytes : 0;
+  if (Status s = resident_blocks(kernel, device, kAppendBlockThreads, append_most_shared_bytes(a), allowed, &resident);
+      !s)
     return s;
   plan_append_launch(a, n, sms, resident, plan);
   if (plan_out) *plan_out = plan;

@@ -90,6 +90,13 @@ int append_table_copy_bytes(const AppendArgs<T, C>& a) {
   return 2;
 }
 
+//! Shared bytes of the row rings: kAppendRowStages rows of two 16-byte chunks a thread, on the vector
+//! path of one unit a lane (chunks of 16 bytes); 0 elsewhere (rows held in registers).
+template <typename T>
+int append_ring_bytes(int n, bool single) {
+  return single && n * int{sizeof(T)} == 16 ? kAppendRowStages * 2 * 16 * kAppendBlockThreads : 0;
+}
+
 //! Most tokens a tile whose staged state fits kAppendSharedBudget: a power of two, at most
 //! kAppendTileMaxTokens.
 inline int append_tile_max_tokens(int table_row_bytes, bool has_cache_rows) {
@@ -136,6 +143,7 @@ void plan_append_launch(AppendArgs<T, C>& a, int n, int sms, int resident, Appen
   plan.block = kAppendBlockThreads;
   plan.tile_tokens = a.tile_tokens;
   plan.grid = static_cast<int>(std::clamp<int64_t>(a.tiles, 1, capacity));
+  a.ring_bytes = append_ring_bytes<T>(n, single);
   // Few tokens on the vector path with whole 16-byte table runs: a warp a token's rows, nothing staged.
   const bool wide = n * int64_t{sizeof(T)} == 16 && a.table_copy_bytes == 16;
   a.token_warps = 0;
@@ -151,17 +159,18 @@ void plan_append_launch(AppendArgs<T, C>& a, int n, int sms, int resident, Appen
   plan.token_warps = a.token_warps;
 }
 
-//! Dynamic shared memory of a launch: a tile's staged state.
+//! Dynamic shared memory of a launch: a tile's staged state, then the row rings (rounded to 16 bytes).
 template <typename T, typename C>
 int append_shared_bytes(const AppendArgs<T, C>& a) {
-  return append_shared_layout(a.tile_tokens, a.hash_slots, a.table_row_bytes).bytes;
+  return append_ring_offset(append_shared_layout(a.tile_tokens, a.hash_slots, a.table_row_bytes).bytes) + a.ring_bytes;
 }
 
 //! The most dynamic shared memory a tile of this call can take (the occupancy the tile is sized from).
 template <typename T, typename C>
 int append_most_shared_bytes(const AppendArgs<T, C>& a) {
   const int tokens = append_tile_max_tokens(a.table_row_bytes, a.heads > 0);
-  return append_shared_layout(tokens, a.heads > 0 ? 2 * tokens : 0, a.table_row_bytes).bytes;
+  return append_ring_offset(append_shared_layout(tokens, a.heads > 0 ? 2 * tokens : 0, a.table_row_bytes).bytes) +
+         a.ring_bytes;
 }
 
 }  // namespace kvrope::detail

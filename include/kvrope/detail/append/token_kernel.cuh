@@ -14,8 +14,7 @@ inline constexpr bool kAppendDevCheck = false;
 #endif
 
 //! Whether a later token of the call with its position in range names `slot` (in range): the warp's
-//! lanes load kAppendSlotLoads later slots each a round, all in flight at once (one round for calls of
-//! at most kAppendTokenMaxTokens tokens).
+//! lanes load kAppendSlotLoads later slots each a round, all in flight at once.
 template <typename T, typename C>
 __device__ __forceinline__ bool later_names_slot(const AppendArgs<T, C>& a, int64_t token, int64_t slot) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -52,6 +51,7 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads) append_token_kernel(
   const AppendRow r = token_row(a, token, 0, j);
   UnitChunks<T, N> x;
   if (active) x = load_chunks<T, N>(row_source(a, r), pl);  // first: nothing it needs is loaded
+  const float scale = row_ok ? row_scale(a, r) : 1.0f;      // in flight beside the position, off its chain
   const int64_t p = append_position(a, token);
   int64_t slot = a.heads > 0 ? a.slots[token] : -1;
   const bool in_range = slot >= 0 && slot < a.num_slots;
@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads) append_token_kernel(
   if (!row_ok) return;  // (whole groups)
   AppendRowContext<T, C> ctx;
   const unsigned char* table = static_cast<const unsigned char*>(a.table) + p * append_table_bytes(a);
-  if (row_context(a, r, table, p < 0 ? -2 : in_range ? slot : -1, ctx)) finish_row<T, C, N>(a, ctx, pl, active, x);
+  if (row_context(a, r, table, p < 0 ? -2 : in_range ? slot : -1, scale, ctx))
+    finish_row<T, C, N>(a, ctx, pl, active, x);
 }
 
 }  // namespace kvrope::detail
