@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds kvrope_bench once a variant and runs the serve suites on it, on the GPU machine from the
 # repository root (after `source .deps/gpu-env.sh`). VARIANTS: "name=-DMACRO=VALUE,-DOTHER" entries
-# separated by ';' (the compile-time dev switches of the append, KVROPE_DEV_*), each built into
+# separated by ';' (compile-time switches a study adds, e.g. -DKVROPE_DEV_* macros), each built into
 # build-var-NAME; SUITES (serve-decode serve-prefill); ITERS (50). Logs under $OUT/var-NAME-SUITE.log;
 # prints each run's geomean lines.
 set -uo pipefail

@@ -94,7 +94,7 @@ TEST_CASE("append plan: a tile's tokens fill one wave, up to what its shared mem
   CHECK(a.split_rows == 80);
   a = append_args(shape(1 << 20, 8, 32, 128));
   plan_append_launch(a, 8, 132, 2, plan);
-  CHECK(a.tile_tokens == 64);  // 64 fp32 table rows of 512 bytes and their slots fit 40 KiB, 128 do not
+  CHECK(a.tile_tokens == 64);  // 64 fp32 table rows of 512 bytes and their slots fit 48 KiB, 128 do not
   CHECK(append_shared_bytes(a) - a.ring_bytes <= kAppendSharedBudget);
   CHECK(append_most_shared_bytes(a) == append_shared_bytes(a));
   CHECK(plan.grid == 264);
@@ -114,18 +114,15 @@ TEST_CASE("append plan: few tokens take a warp a token's rows, nothing staged", 
   AppendArgs<T, T> a = append_args(shape(1, 8, 32, 128));
   AppendPlan plan{};
   plan_append_launch(a, 8, 132, 2, plan);
-  const int per_warp = 4 * kAppendTokenRows;           // 4 groups of 8 lanes, kAppendTokenRows rows each
-  const int warps48 = (48 + per_warp - 1) / per_warp;  // 48 rows
-  CHECK(a.token_warps == warps48);
-  CHECK(plan.token_warps == warps48);
-  CHECK(a.div_token_warps.divisor == static_cast<uint32_t>(warps48));
+  CHECK(a.token_warps == 12);  // 48 rows, 4 a warp (8 lanes a row)
+  CHECK(plan.token_warps == 12);
+  CHECK(a.div_token_warps.divisor == 12);
   CHECK(plan.block == kAppendTokenBlockThreads);
-  CHECK(plan.grid == (warps48 + 3) / 4);                      // 4 warps a block
-  a = append_args(shape(kAppendTokenMaxTokens, 8, 64, 128));  // 80 rows
+  CHECK(plan.grid == 3);                                      // 12 warps, 4 a block
+  a = append_args(shape(kAppendTokenMaxTokens, 8, 64, 128));  // 80 rows: 20 warps a token
   plan_append_launch(a, 8, 132, 2, plan);
-  const int warps80 = (80 + per_warp - 1) / per_warp;
-  CHECK(a.token_warps == warps80);
-  CHECK(plan.grid == (kAppendTokenMaxTokens * warps80 + 3) / 4);
+  CHECK(a.token_warps == 20);
+  CHECK(plan.grid == kAppendTokenMaxTokens * 20 / 4);
   a = append_args(shape(kAppendTokenMaxTokens + 1, 8, 64, 128));  // past the few-token path: tiles
   plan_append_launch(a, 8, 132, 2, plan);
   CHECK(a.token_warps == 0);

@@ -471,9 +471,7 @@ __device__ __forceinline__ void finish_row(const AppendArgs<T, C>& a, const Appe
 //! current ones are finished (the first ones before the tile is staged); else each lane loops over the units of its row
 //! (the norm then reads the row twice).
 template <typename T, typename C, int N, bool kSingle>
-__global__ void __launch_bounds__(kAppendBlockThreads,
-                                  append_has_ring<T>(N, kSingle) ? kAppendRingBlocksPerSm : kAppendBlocksPerSm)
-    append_kernel(const AppendArgs<T, C> a) {
+__global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) append_kernel(const AppendArgs<T, C> a) {
   extern __shared__ __align__(16) unsigned char shared[];
   const AppendShared at = append_shared_layout(a.tile_tokens, a.hash_slots, a.table_row_bytes);
   const int lanes = a.lanes;
@@ -489,7 +487,7 @@ __global__ void __launch_bounds__(kAppendBlockThreads,
     // This block's rows of the tile: [begin, rows).
     const int begin = static_cast<int>(tile - tokens_tile * a.row_splits) * a.split_rows;
     const int rows = tl.count * per_token < begin + a.split_rows ? tl.count * per_token : begin + a.split_rows;
-    if constexpr (append_has_ring<T>(N, kSingle)) {
+    if constexpr (kSingle && N * sizeof(T) == 16) {
       // A ring of kStages rows a group in shared memory, each lane's two chunks at [stage][half][thread]
       // (16-byte accesses of consecutive threads: no bank conflicts); a lane reads back only what it
       // copied, so its own waits order the ring and no barrier is needed.

@@ -94,7 +94,7 @@ int append_table_copy_bytes(const AppendArgs<T, C>& a) {
 //! path of one unit a lane (chunks of 16 bytes); 0 elsewhere (rows held in registers).
 template <typename T>
 int append_ring_bytes(int n, bool single) {
-  return append_has_ring<T>(n, single) ? kAppendRowStages * 2 * 16 * kAppendBlockThreads : 0;
+  return single && n * int{sizeof(T)} == 16 ? kAppendRowStages * 2 * 16 * kAppendBlockThreads : 0;
 }
 
 //! Most tokens a tile whose staged state fits kAppendSharedBudget: a power of two, at most
@@ -148,7 +148,7 @@ void plan_append_launch(AppendArgs<T, C>& a, int n, int sms, int resident, Appen
   const bool wide = n * int64_t{sizeof(T)} == 16 && a.table_copy_bytes == 16;
   a.token_warps = 0;
   if (single && wide && a.tokens <= kAppendTokenMaxTokens) {
-    const int rows_per_warp = 32 / a.lanes * kAppendTokenRows;
+    const int rows_per_warp = 32 / a.lanes;
     a.token_warps = static_cast<int>((per_token + rows_per_warp - 1) / rows_per_warp);
     a.div_token_warps = FastDivmod(static_cast<uint32_t>(a.token_warps));
     constexpr int kWarps = kAppendTokenBlockThreads / 32;
