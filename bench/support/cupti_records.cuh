@@ -118,7 +118,6 @@ inline void init() {
 // Delivers every completed record (call after a device synchronize) and returns the spans
 // collected since the last take().
 inline std::vector<Span> flush_and_take(bool forced = false) {
-  if (!g_enabled) return {};
   KVROPE_BENCH_CUPTI(cuptiActivityFlushAll(forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0));
   std::lock_guard<std::mutex> lock(g_mutex);
   std::vector<Span> spans;

@@ -27,6 +27,13 @@ __host__ __device__ inline AppendShared append_shared_layout(int tile_tokens, in
   return s;
 }
 
+//! Whether the instance with chunks of N elements of T (single: one unit a lane) loads its rows through
+//! rings in shared memory (16-byte chunks); else its rows are held in registers.
+template <typename T>
+__host__ __device__ constexpr bool append_has_rings(int n, bool single) {
+  return single && n * static_cast<int>(sizeof(T)) == 16;
+}
+
 //! Where the row rings start: after the staged state, at a 16-byte boundary.
 __host__ __device__ inline int append_ring_offset(int staged_bytes) { return (staged_bytes + 15) / 16 * 16; }
 

@@ -114,6 +114,22 @@ __device__ __forceinline__ void wait_shared_copies_but() {
 #endif
 }
 
+// Calls f(s, u) for each token u = first, first + stride, ... below a.tokens, with its slot s: a thread
+// loads kAppendSlotLoads slots a round, all in flight before any is used.
+template <typename T, typename C, typename F>
+__device__ __forceinline__ void for_later_slots(const AppendArgs<T, C>& a, int64_t first, int64_t stride, F&& f) {
+  for (int64_t u0 = first; u0 < a.tokens; u0 += kAppendSlotLoads * stride) {
+    int64_t s[kAppendSlotLoads];
+#pragma unroll
+    for (int k = 0; k < kAppendSlotLoads; ++k) {
+      const int64_t u = u0 + k * stride;
+      s[k] = u < a.tokens ? a.slots[u] : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < kAppendSlotLoads; ++k) f(s[k], u0 + k * stride);
+  }
+}
+
 // Stages tile `tl` (every thread of the block; it ends with a barrier): each token's slot, its table row
 // (copied while the later tokens' slots are scanned), and whether it is the last to write its slot: no
 // later token with its position in range names it, in the tile (the slot table's `last`) or after it
@@ -167,22 +183,12 @@ __device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const Appe
         if (tl.slot[i] >= 0) atomicMax(&tl.last[insert_slot(tl, hs, tl.slot[i])], i);
       __syncthreads();
     }
-    if (!one || own >= 0) {
-      for (int64_t u0 = tl.first + tl.count + tid; u0 < a.tokens; u0 += kAppendSlotLoads * int64_t{threads}) {
-        int64_t s[kAppendSlotLoads];  // all issued before any is used
-#pragma unroll
-        for (int k = 0; k < kAppendSlotLoads; ++k) {
-          const int64_t u = u0 + k * int64_t{threads};
-          s[k] = u < a.tokens ? a.slots[u] : -1;
-        }
-#pragma unroll
-        for (int k = 0; k < kAppendSlotLoads; ++k) {
-          if (s[k] < 0 || s[k] >= a.num_slots) continue;
-          const int e = one ? (s[k] == own ? 0 : -1) : find_slot(tl, hs, s[k]);
-          if (e >= 0 && append_position(a, u0 + k * int64_t{threads}) >= 0) atomicOr(&tl.later[e], 1);
-        }
-      }
-    }
+    if (!one || own >= 0)
+      for_later_slots(a, tl.first + tl.count + tid, threads, [&](int64_t s, int64_t u) {
+        if (s < 0 || s >= a.num_slots) return;
+        const int e = one ? (s == own ? 0 : -1) : find_slot(tl, hs, s);
+        if (e >= 0 && append_position(a, u) >= 0) atomicOr(&tl.later[e], 1);
+      });
     __syncthreads();
     for (int i = tid; i < tl.count; i += threads) {
       if (tl.slot[i] < 0) continue;
@@ -487,7 +493,7 @@ __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) appen
     // This block's rows of the tile: [begin, rows).
     const int begin = static_cast<int>(tile - tokens_tile * a.row_splits) * a.split_rows;
     const int rows = tl.count * per_token < begin + a.split_rows ? tl.count * per_token : begin + a.split_rows;
-    if constexpr (kSingle && N * sizeof(T) == 16) {
+    if constexpr (append_has_rings<T>(N, kSingle)) {
       // A ring of kStages rows a group in shared memory, each lane's two chunks at [stage][half][thread]
       // (16-byte accesses of consecutive threads: no bank conflicts); a lane reads back only what it
       // copied, so its own waits order the ring and no barrier is needed.

@@ -94,7 +94,7 @@ int append_table_copy_bytes(const AppendArgs<T, C>& a) {
 //! path of one unit a lane (chunks of 16 bytes); 0 elsewhere (rows held in registers).
 template <typename T>
 int append_ring_bytes(int n, bool single) {
-  return single && n * int{sizeof(T)} == 16 ? kAppendRowStages * 2 * 16 * kAppendBlockThreads : 0;
+  return append_has_rings<T>(n, single) ? kAppendRowStages * 2 * 16 * kAppendBlockThreads : 0;
 }
 
 //! Most tokens a tile whose staged state fits kAppendSharedBudget: a power of two, at most

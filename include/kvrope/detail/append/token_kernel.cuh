@@ -7,23 +7,13 @@
 
 namespace kvrope::detail {
 
-//! Whether a later token of the call with its position in range names `slot` (in range): the warp's
-//! lanes load kAppendSlotLoads later slots each a round, all in flight at once.
+//! Whether a later token of the call with its position in range names `slot` (in range).
 template <typename T, typename C>
 __device__ __forceinline__ bool later_names_slot(const AppendArgs<T, C>& a, int64_t token, int64_t slot) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
   bool found = false;
-  for (int64_t u0 = token + 1 + lane; u0 < a.tokens; u0 += 32 * kAppendSlotLoads) {
-    int64_t s[kAppendSlotLoads];
-#pragma unroll
-    for (int k = 0; k < kAppendSlotLoads; ++k) {
-      const int64_t u = u0 + 32 * k;
-      s[k] = u < a.tokens ? a.slots[u] : -1;
-    }
-#pragma unroll
-    for (int k = 0; k < kAppendSlotLoads; ++k)
-      if (s[k] == slot && append_position(a, u0 + 32 * k) >= 0) found = true;
-  }
+  for_later_slots(a, token + 1 + (threadIdx.x & 31), 32, [&](int64_t s, int64_t u) {
+    if (s == slot && append_position(a, u) >= 0) found = true;
+  });
   return __any_sync(0xffffffffu, found);
 }
 
