@@ -89,8 +89,12 @@ struct AppendParams {
   int64_t rotary_dim = 0;   //!< R, even, 0 < R <= D (0: R = D); elements R..D-1 pass through
   RotaryStyle style = RotaryStyle::kRotateHalf;
 
-  TokenHeads<T> query;        //!< q [T, Hq, D]: read, rotated in place unless query_out is given
+  TokenHeads<T> query;        //!< q [T, Hq, D]: read, rotated in place unless query_out or query_out_fp8 is given
   TokenHeads<T> query_out;    //!< optional [T, Hq, D]: the rotated q, q left as it was
+  //! Optional [T, Hq, D] in fp8 e4m3, what fp8 attention reads: the rotated q (its pass-through dims
+  //! too) as fp8_satfinite(x / query_scale), x rounded to T first; q left as it was. Excludes query_out.
+  TokenHeads<__nv_fp8_e4m3> query_out_fp8;
+  const float* query_scale = nullptr;  //!< device float: query_out_fp8's per-tensor scale; null means 1
   TokenHeads<T> key;          //!< k [T, H, D]: read; written only with key_in_place
   TokenHeads<T> key_out;      //!< optional [T, H, D]: the rotated k
   bool key_in_place = false;  //!< write the rotated k back into key (vLLM); excludes key_out
@@ -126,15 +130,25 @@ struct AppendParams {
   int* error_flag = nullptr;
 };
 
+//! The kernel an append call launches (docs/design.md, "The serving forward"): chosen from the call's
+//! shape alone.
+enum class AppendPath : int {
+  kNone,   //!< nothing to read or write
+  kToken,  //!< few tokens: groups of lanes take a token's rows, nothing staged
+  kTile,   //!< more tokens: a block stages a tile of tokens' positions and slots, its groups take their rows
+};
+
 //! What an append call launches, as plan_append reports it without launching.
 struct AppendPlan {
+  AppendPath path = AppendPath::kNone;
   bool launched = false;  //!< false: nothing to read or write
   int vec_width = 0;      //!< elements per access (16 bytes, or 1 for unaligned rows)
   int lanes = 0;          //!< lanes a head row (a power of two, at most 32)
   int grid = 0;           //!< blocks
   int block = 0;          //!< threads per block
-  int tile_tokens = 0;    //!< consecutive tokens a block takes at a time
-  int token_warps = 0;    //!< the few-token path: warps a token's rows take, no staging (0: tiles)
+  int shared_bytes = 0;   //!< dynamic shared memory a block
+  int tile_tokens = 0;    //!< kTile: consecutive tokens a block stages at a time
+  int slices = 0;         //!< groups of lanes a token's rows are dealt over
 };
 
 }  // namespace kvrope

@@ -308,6 +308,60 @@ TEMPLATE_TEST_CASE("append: misaligned views take the scalar path and give the s
     }
 }
 
+TEMPLATE_TEST_CASE("append: q out in fp8 e4m3, with and without a scale, on both paths", "[gpu][append][fp8q]",
+                   __nv_bfloat16, __half, float) {
+  uint64_t seed = 800;
+  for (const int64_t tokens : {int64_t{1}, int64_t{37}, int64_t{detail::kAppendTokenMaxTokens + 300}})
+    for (const Scales scales : {Scales::kNone, Scales::kTensor}) {
+      AppendConfig c;
+      c.tokens = tokens;
+      c.heads = 2;
+      c.query_heads = 6;
+      c.head_dim = seed % 2 ? 128 : 64;
+      c.rotary_dim = seed % 3 == 0 ? c.head_dim / 2 : 0;
+      c.style = seed % 2 ? RotaryStyle::kInterleaved : RotaryStyle::kRotateHalf;
+      c.query_fp8 = true;
+      c.scales = scales;
+      c.scale_magnitude = seed % 4 == 0 ? 0.003f : 1.0f;  // saturation too
+      c.q_norm = c.k_norm = seed % 2 == 0;
+      c.fused_qkv = seed % 3 == 1;
+      c.slots = kPatterns[seed % 6];
+      c.seed = seed++;
+      run_case<TestType, TestType>(c, true);
+      run_case<TestType, __nv_fp8_e4m3>(c, false);
+    }
+}
+
+TEST_CASE("append: fp8 q is exactly the scaled rounding of the q the call writes in T", "[gpu][append][fp8q]") {
+  // The same call twice, q out in T and in fp8: each fp8 code is quantize(q_T, scale), bit for bit.
+  for (const int64_t tokens : {int64_t{3}, int64_t{detail::kAppendTokenMaxTokens + 17}}) {
+    AppendConfig c;
+    c.tokens = tokens;
+    c.heads = 4;
+    c.query_heads = 8;
+    c.head_dim = 128;
+    c.rotary_dim = 64;
+    c.q_norm = true;
+    c.query_out = true;
+    c.seed = 900 + tokens;
+    AppendProblem<__nv_bfloat16, __nv_bfloat16, int64_t> t(c);
+    t.run_and_check();
+    const std::vector<__nv_bfloat16> q_t = t.q_out.to_host();
+    c.query_out = false;
+    c.query_fp8 = true;
+    c.scales = Scales::kTensor;
+    AppendProblem<__nv_bfloat16, __nv_bfloat16, int64_t> f(c);  // the same seed: the same inputs
+    f.run_and_check();
+    const std::vector<__nv_fp8_e4m3> q_8 = f.q_out8.to_host();
+    REQUIRE(q_t.size() == q_8.size());
+    const float scale = f.host_q_scale.at(0);
+    int64_t bad = 0;
+    for (size_t i = 0; i < q_t.size(); ++i)
+      bad += reference::fp8_bits(q_8[i]) != reference::quantize<__nv_fp8_e4m3>(q_t[i], scale);
+    CHECK(bad == 0);
+  }
+}
+
 TEST_CASE("append: decode (T = 1), T = 1024, a prefill of 4096 tokens, an empty call", "[gpu][append][sizes]") {
   AppendConfig c;
   c.heads = 8;

@@ -57,6 +57,7 @@ struct AppendConfig {
   int64_t k_pad = 0, v_pad = 0;  // extra elements after each cache row: the two caches' strides differ
   bool fused_qkv = false;        // q, k, v views of one qkv [T, (Hq + 2 H) D + token_pad]
   bool query_out = false;
+  bool query_fp8 = false;  // q written to query_out_fp8 (excludes query_out); its scale drawn as the caches' (kNone: null)
   KeyWrite key = KeyWrite::kOut;
   bool q_norm = false, k_norm = false, plus_one = false;
   float eps = 1e-6f;
@@ -75,7 +76,8 @@ struct AppendConfig {
        << (style == RotaryStyle::kInterleaved ? " interleaved" : " rotate-half") << " P=" << page_size
        << (contiguous ? " contiguous" : "") << " k_cache=" << (k_cache == CacheKind::kNHD ? "NHD" : "HND") << "+"
        << k_pad << " v_cache=" << (v_cache == CacheKind::kNHD ? "NHD" : "HND") << "+" << v_pad
-       << (fused_qkv ? " fused_qkv" : "") << (query_out ? " query_out" : " q_in_place") << " " << name(key)
+       << (fused_qkv ? " fused_qkv" : "")
+       << (query_fp8 ? " query_out_fp8" : query_out ? " query_out" : " q_in_place") << " " << name(key)
        << (q_norm ? " q_norm" : "") << (k_norm ? " k_norm" : "") << (plus_one ? " plus_one" : "") << " eps=" << eps
        << (table_f32 ? " table_f32" : " table_T") << " slots=" << name(slots) << (bad_positions ? " bad_positions" : "")
        << " offset=" << offset << " token_pad=" << token_pad << " " << name(scales) << "x" << scale_magnitude
@@ -157,6 +159,7 @@ struct AppendSnapshot {
   std::vector<T> q, k, v, qkv, q_out, k_out, table, q_weight, k_weight;
   std::vector<float> table_f32;
   std::vector<C> kc, vc;
+  std::vector<__nv_fp8_e4m3> q_out8;
 };
 
 //! The same view over a host copy of the device buffer it points into (null stays null).
@@ -205,13 +208,14 @@ struct AppendProblem {
   SlotPlan plan;
   int64_t R = 0;
   DeviceBuffer<T> q, k, v, qkv, q_out, k_out, table, q_weight, k_weight;
-  DeviceBuffer<float> table_f32, k_scale, v_scale;
+  DeviceBuffer<float> table_f32, k_scale, v_scale, q_scale;
   DeviceBuffer<C> kc, vc;
+  DeviceBuffer<__nv_fp8_e4m3> q_out8;
   DeviceBuffer<Pos> pos;
   DeviceBuffer<int64_t> slots;
   DeviceBuffer<int> flag;
   std::vector<Pos> host_pos;
-  std::vector<float> host_k_scale, host_v_scale;
+  std::vector<float> host_k_scale, host_v_scale, host_q_scale;
   AppendParams<T, C, Pos> params;  // over the device buffers
 
   const DeviceBuffer<T>& q_buf() const { return cfg.fused_qkv ? qkv : q; }
@@ -244,7 +248,15 @@ struct AppendProblem {
       k = DeviceBuffer<T>(H ? tokens_of(H) : 0);
       v = DeviceBuffer<T>(H ? tokens_of(H) : 0);
     }
-    if (c.query_out) q_out = DeviceBuffer<T>(Hq ? tokens_of(Hq) : 0);
+    if (c.query_fp8)
+      q_out8 = DeviceBuffer<__nv_fp8_e4m3>(Hq ? tokens_of(Hq) : 0);
+    else if (c.query_out)
+      q_out = DeviceBuffer<T>(Hq ? tokens_of(Hq) : 0);
+    if (c.query_fp8 && c.scales != Scales::kNone) {
+      host_q_scale.push_back(std::uniform_real_distribution<float>(0.3f, 3.0f)(rng) * c.scale_magnitude);
+      q_scale = DeviceBuffer<float>(1);
+      KVROPE_CUDA_REQUIRE(cudaMemcpy(q_scale.get(), host_q_scale.data(), 4, cudaMemcpyHostToDevice));
+    }
     if (c.key == KeyWrite::kOut) k_out = DeviceBuffer<T>(H ? tokens_of(H) : 0);
     kc = DeviceBuffer<C>(H ? cache_size(c.k_pad) : 0);
     vc = DeviceBuffer<C>(H ? cache_size(c.v_pad) : 0);
@@ -305,6 +317,8 @@ struct AppendProblem {
       p.value = {};
     }
     p.query_out = view(q_out, token_row(Hq), 0);
+    if (q_out8.get()) p.query_out_fp8 = {q_out8.get() + o, token_row(Hq), D};
+    p.query_scale = q_scale.get();
     p.key_out = view(k_out, token_row(H), 0);
     p.key_in_place = cfg.key == KeyWrite::kInPlace;
     p.positions = pos.get();
@@ -335,6 +349,7 @@ struct AppendProblem {
   //! 0xFF bytes (NaN in T and in both fp8 formats) in every output and cache; the flag zeroed.
   void poison_outputs() {
     poison(q_out);
+    poison(q_out8);
     poison(k_out);
     poison(kc);
     poison(vc);
@@ -343,7 +358,7 @@ struct AppendProblem {
   AppendSnapshot<T, C> snapshot() const {
     AppendSnapshot<T, C> s;
     s.q = q.to_host(), s.k = k.to_host(), s.v = v.to_host(), s.qkv = qkv.to_host();
-    s.q_out = q_out.to_host(), s.k_out = k_out.to_host();
+    s.q_out = q_out.to_host(), s.k_out = k_out.to_host(), s.q_out8 = q_out8.to_host();
     s.table = table.to_host(), s.table_f32 = table_f32.to_host();
     s.q_weight = q_weight.to_host(), s.k_weight = k_weight.to_host();
     s.kc = kc.to_host(), s.vc = vc.to_host();
@@ -364,6 +379,8 @@ struct AppendProblem {
     p.key = rebase(p.key, k_buf(), host_of(s, k_buf()));
     p.value = rebase(p.value, v_buf(), host_of(s, v_buf()));
     p.query_out = rebase(p.query_out, q_out, s.q_out);
+    p.query_out_fp8 = rebase(p.query_out_fp8, q_out8, s.q_out8);
+    p.query_scale = host_q_scale.empty() ? nullptr : host_q_scale.data();
     p.key_out = rebase(p.key_out, k_out, s.k_out);
     p.cos_sin_cache = rebase_ptr(p.cos_sin_cache, table, s.table);
     p.cos_sin_cache_f32 = rebase_ptr(p.cos_sin_cache_f32, table_f32, s.table_f32);
@@ -391,6 +408,7 @@ struct AppendProblem {
     reference::AppendOutputs<T, C> out;
     out.query = now.query;
     out.query_out = now.query_out;
+    out.query_out_fp8 = now.query_out_fp8;
     out.key = now.key;
     out.key_out = now.key_out;
     out.value = now.value;
@@ -429,6 +447,13 @@ struct AppendProblem {
     }
     expect_outside_unchanged("query_out", before.q_out, after.q_out, covered(q_out, {rows(params.query_out, Hq)}));
     expect_outside_unchanged("key_out", before.k_out, after.k_out, covered(k_out, {rows(params.key_out, H)}));
+    {
+      std::vector<char> cov(q_out8.size(), 0);
+      if (params.query_out_fp8.data)
+        mark_rows(cov, params.query_out_fp8.data - q_out8.get(),
+                  {{N, params.query_out_fp8.token_stride}, {Hq, params.query_out_fp8.head_stride}}, D);
+      expect_outside_unchanged("query_out_fp8", before.q_out8, after.q_out8, cov);
+    }
     for (int which = 0; which < 2; ++which) {
       const PagedCache<C>& c = which ? params.value_cache : params.key_cache;
       const DeviceBuffer<C>& buf = which ? vc : kc;

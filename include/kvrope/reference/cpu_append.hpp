@@ -241,6 +241,8 @@ struct AppendGold {
   std::vector<double> value_cache;  // v of the writer (as given), or the previous content
   std::vector<uint8_t> key_fp8, value_fp8;  // fp8 caches: the codes each row holds (the key rounded to
                                             // T nearest to gold, then quantized); empty otherwise
+  std::vector<uint8_t> query_fp8;           // with query_out_fp8 [T, Hq, D]: q rounded to T nearest to
+                                            // gold, then quantized (tokens writing nothing: as before)
   std::vector<int64_t> writer;              // slot_writers
   AppendFlag error_flag;                    // expected_append_flag
 };
@@ -305,6 +307,18 @@ AppendGold cpu_append(const AppendParams<T, C, Pos>& in) {
         for (int64_t d = 0; d < D; ++d) out[d] = {detail::at((k_before.data ? k_before : in.key).row(t, j), d), 0.0};
     }
   }
+  if (in.query_out_fp8.data) {
+    g.query_fp8.resize(N * Hq * D);
+    const float qs = scale_of(in.query_scale, false, 0);
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t i = 0; i < Hq; ++i)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t o = (t * Hq + i) * D + d;
+          g.query_fp8[o] = append_table_row(in, t) >= 0
+                               ? quantize<__nv_fp8_e4m3>(detail::round_to<T>(g.query[o].value), qs)
+                               : fp8_bits(in.query_out_fp8.row(t, i)[d]);
+        }
+  }
   if constexpr (kIsFp8<C>) {
     g.key_fp8.resize(slots * H * D);
     g.value_fp8.resize(slots * H * D);
@@ -337,10 +351,12 @@ AppendGold cpu_append(const AppendParams<T, C, Pos>& in) {
 }
 
 //! Host copies of what a call left, each checked when given (data non-null): q and k after the call
-//! (rotated where done in place, else unchanged), query_out, key_out, v (unchanged), and the caches.
+//! (rotated where done in place, else unchanged), query_out or query_out_fp8, key_out, v (unchanged),
+//! and the caches.
 template <typename T, typename C>
 struct AppendOutputs {
   TokenHeads<const T> query, query_out, key, key_out, value;
+  TokenHeads<const __nv_fp8_e4m3> query_out_fp8;
   PagedCache<const C> key_cache, value_cache;
 };
 
@@ -437,7 +453,9 @@ CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<
   const int64_t slots = num_slots(in);
   const int64_t pages = slots > 0 ? in.num_pages : 0;
   const std::vector<int64_t> writer = slot_writers(in);
-  const bool q_in_place = in.query_out.data == nullptr;
+  const bool q_fp8 = in.query_out_fp8.data != nullptr;
+  const bool q_in_place = in.query_out.data == nullptr && !q_fp8;
+  const float qs = scale_of(in.query_scale, false, 0);
   // The rotated key as the call wrote it, when some output shows it.
   const TokenHeads<const T> k_written = in.key_out.data && out.key_out.data ? out.key_out
                                         : in.key_in_place && out.key.data   ? out.key
@@ -481,9 +499,27 @@ CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<
           else
             expect_unchanged("query", out.query.row(t, i), in.query.row(t, i), t, i);
         }
-        if (!q_in_place && out.query_out.data)
+        if (!q_in_place && !q_fp8 && out.query_out.data)
           expect_rotated("query_out", out.query_out.row(t, i), in.query.row(t, i), in.query_out.row(t, i), valid,
                          normed, t, i);
+        if (q_fp8 && out.query_out_fp8.data) {
+          // fp8 q: the code quantize() gives for some q in T within tolerance (for the pass-through
+          // elements without norm: for q's own element); tokens writing nothing: as before.
+          const uint8_t* got = reinterpret_cast<const uint8_t*>(out.query_out_fp8.row(t, i));
+          const uint8_t* before = reinterpret_cast<const uint8_t*>(in.query_out_fp8.row(t, i));
+          for (int64_t d = 0; d < D; ++d) {
+            const double g = fp8_decode(got[d], Fp8Format::kE4M3);
+            if (!valid)
+              u.expect(got[d] == before[d], "query_out_fp8", token_at(t, i, d), g, fp8_decode(before[d], Fp8Format::kE4M3));
+            else if (d >= R && !normed) {
+              const uint8_t want = quantize<__nv_fp8_e4m3>(in.query.row(t, i)[d], qs);
+              u.expect(got[d] == want, "query_out_fp8", token_at(t, i, d), g, fp8_decode(want, Fp8Format::kE4M3));
+            } else {
+              u.expect(detail::fp8_within_tolerance<__nv_fp8_e4m3, T>(got[d], gold[d], qs), "query_out_fp8",
+                       token_at(t, i, d), g, gold[d].value / qs);
+            }
+          }
+        }
       }
       for (int64_t j = 0; j < H; ++j) {
         if (valid) gold_row(in, in.key.row(t, j), in.key_norm_weight, row, gold.data());

@@ -1,53 +1,57 @@
-// The append's launch: validates, picks the kernel instance, asks the device what the planner needs, launches.
+// The append's launch: validates, converts once, picks the path from the shape, asks the device only
+// what that path needs (cached), plans, launches.
 #pragma once
 
 #include <cuda_runtime_api.h>
-
-#include <type_traits>
 
 #include "../../append_params.cuh"
 #include "../../core/dtype.cuh"
 #include "../../core/status.cuh"
 #include "../common/device.cuh"
-#include "kernel.cuh"
-#include "token_kernel.cuh"
+#include "kernels.cuh"
 #include "plan.cuh"
 #include "validate.cuh"
 
 namespace kvrope::detail {
 
+//! The kernel of `path` for chunks of N elements, one unit a lane or looping (kSingle).
+template <typename T, typename C, int N, bool kSingle>
+auto append_kernel(AppendPath path) {
+  return path == AppendPath::kToken ? append_token_kernel<T, C, N, kSingle> : append_tile_kernel<T, C, N, kSingle>;
+}
+
 template <typename T, typename C>
-Status launch_append(AppendArgs<T, C> a, cudaStream_t stream, AppendPlan* plan_out, bool plan_only) {
+Status launch_append(const AppendArgs<T, C>& a, cudaStream_t stream, AppendPlan* plan_out, bool plan_only) {
   static_assert(kIsSupportedType<T>, "kvrope: T must be __nv_bfloat16, __half or float");
   constexpr int kWide = 16 / sizeof(T);
+  const AppendPath path = append_path(a.tokens, a.q_heads + 2 * a.heads);
+  AppendGeometry g{};
   AppendPlan plan{};
-  if (a.tokens == 0 || a.heads + a.q_heads == 0) {
+  if (path == AppendPath::kNone) {
     if (plan_out) *plan_out = plan;
     return {};
   }
-  const bool vec = append_vectorizable(a);
-  const int n = vec ? kWide : 1;
+  // 16-byte chunks when every row allows them and a lane holds one unit (D <= 32 x 2 N); rows of more
+  // units loop over them a lane, an element pair at a time (no wide looping instance: such D are rare).
+  const bool wide = append_vectorizable(a) && a.head_dim / (2 * kWide) <= 32;
+  const int n = wide ? kWide : 1;
   const bool single = a.head_dim / (2 * n) <= 32;
-  using Kernel = void (*)(AppendArgs<T, C>);
-  const Kernel kernel = vec ? (single ? append_kernel<T, C, kWide, true> : append_kernel<T, C, kWide, false>)
-                            : (single ? append_kernel<T, C, 1, true> : append_kernel<T, C, 1, false>);
-  int device = 0, sms = 0, resident = 0;
-  if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
-  if (Status s = device_attribute(cudaDevAttrMultiProcessorCount, device, &sms); !s) return s;
-  plan_append_launch(a, n, sms, kAppendBlocksPerSm, plan);  // the shape first: the table rows' size
-  // With rings, the instance may take more than the default 48 KiB: its most for any call (the staged
-  // state's budget and the rings), one value an instance.
-  const int allowed = a.ring_bytes > 0 ? kAppendSharedBudget + a.ring_bytes : 0;
-  if (Status s = resident_blocks(kernel, device, kAppendBlockThreads, append_most_shared_bytes(a), allowed, &resident);
-      !s)
-    return s;
-  plan_append_launch(a, n, sms, resident, plan);
+  using Kernel = void (*)(AppendArgs<T, C>, AppendGeometry);
+  const Kernel kernel = wide     ? append_kernel<T, C, kWide, true>(path)
+                        : single ? append_kernel<T, C, 1, true>(path)
+                                 : append_kernel<T, C, 1, false>(path);
+  int sms = 0, resident = 0;
+  if (path == AppendPath::kTile) {
+    int device = 0;
+    if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
+    if (Status s = multiprocessors(device, &sms); !s) return s;
+    const int most_shared = append_tile_shared_bytes(kAppendTileMaxTokens, true);
+    if (Status s = resident_blocks(kernel, device, kAppendBlockThreads, most_shared, 0, &resident); !s) return s;
+  }
+  plan_append_geometry(a, path, n, sms, resident, g, plan);
   if (plan_out) *plan_out = plan;
   if (plan_only) return {};
-  if (a.token_warps > 0)
-    append_token_kernel<T, C, kWide><<<plan.grid, plan.block, 0, stream>>>(a);
-  else
-    kernel<<<plan.grid, plan.block, append_shared_bytes(a), stream>>>(a);
+  kernel<<<plan.grid, plan.block, plan.shared_bytes, stream>>>(a, g);
   return cuda_status(cudaGetLastError(), "kernel launch");
 }
 

@@ -1,5 +1,6 @@
-// The append's planner: small pure functions from a call's shape and a few device facts to the launch.
-// No CUDA calls: tested on the host.
+// The append's planner: small pure functions from a call's shape and two device facts (SMs, and the tile
+// kernel's resident blocks a SM) to the launch. The path follows from the shape alone. No CUDA calls:
+// tested on the host.
 #pragma once
 
 #include <algorithm>
@@ -8,10 +9,11 @@
 #include "../../append_params.cuh"
 #include "args.cuh"
 #include "policy.cuh"
+#include "tile.cuh"
 
 namespace kvrope::detail {
 
-//! The kernel's view of a call: q's and k's outputs resolved, the table source folded into one pointer.
+//! The kernels' view of a call: q's and k's outputs resolved, the table source folded into one pointer.
 template <typename T, typename C, typename Pos>
 AppendArgs<T, C> append_args(const AppendParams<T, C, Pos>& p) {
   AppendArgs<T, C> a{};
@@ -24,7 +26,9 @@ AppendArgs<T, C> append_args(const AppendParams<T, C, Pos>& p) {
   a.q = p.query;
   a.k = p.key;
   a.v = p.value;
-  a.q_out = p.query_out.data != nullptr ? p.query_out : p.query;
+  a.q_out_fp8 = p.query_out_fp8;
+  a.q_scale = p.query_scale;
+  if (p.query_out_fp8.data == nullptr) a.q_out = p.query_out.data != nullptr ? p.query_out : p.query;
   a.k_out = p.key_out;
   if (p.key_in_place) a.k_back = p.key;
   a.positions = p.positions;
@@ -36,14 +40,11 @@ AppendArgs<T, C> append_args(const AppendParams<T, C, Pos>& p) {
   a.k_norm = p.key_norm_weight;
   a.norm_eps = p.norm_eps;
   a.norm_offset = p.norm_weight_plus_one ? 1.0f : 0.0f;
-  a.k_cache = p.key_cache;
-  a.v_cache = p.value_cache;
+  a.k_cache = {p.key_cache, p.key_scale, p.scale_per_head};
+  a.v_cache = {p.value_cache, p.value_scale, p.scale_per_head};
   a.slots = p.slot_mapping;
   a.num_slots = p.num_pages * p.page_size;
   a.div_page = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(p.page_size, 1)));
-  a.k_scale = p.key_scale;
-  a.v_scale = p.value_scale;
-  a.scale_per_head = p.scale_per_head;
   a.error_flag = p.error_flag;
   return a;
 }
@@ -60,16 +61,17 @@ bool cache_aligned_to(const PagedCache<C>& c, int64_t bytes) {
 }
 
 //! Whether chunks of 16 bytes of T fit every row: R / 2 and (D - R) / 2 whole chunks, every row of q,
-//! k, v and their outputs and the norm weights 16-byte aligned, the cache rows aligned to a chunk of C.
+//! k, v and their outputs and the norm weights 16-byte aligned, the fp8 rows and the cache rows aligned
+//! to a chunk of their element type.
 template <typename T, typename C>
 bool append_vectorizable(const AppendArgs<T, C>& a) {
   constexpr int64_t kWide = 16 / sizeof(T), kT = sizeof(T);
   const int64_t cache_bytes = kWide * int64_t{sizeof(C)};
   return a.head_dim % (2 * kWide) == 0 && a.rotary_dim % (2 * kWide) == 0 && aligned_to(a.q, 16, kT) &&
          aligned_to(a.k, 16, kT) && aligned_to(a.v, 16, kT) && aligned_to(a.q_out, 16, kT) &&
-         aligned_to(a.k_out, 16, kT) && aligned_to(a.k_back, 16, kT) &&
+         aligned_to(a.q_out_fp8, kWide, 1) && aligned_to(a.k_out, 16, kT) && aligned_to(a.k_back, 16, kT) &&
          reinterpret_cast<uintptr_t>(a.q_norm) % 16 == 0 && reinterpret_cast<uintptr_t>(a.k_norm) % 16 == 0 &&
-         cache_aligned_to(a.k_cache, cache_bytes) && cache_aligned_to(a.v_cache, cache_bytes);
+         cache_aligned_to(a.k_cache.rows, cache_bytes) && cache_aligned_to(a.v_cache.rows, cache_bytes);
 }
 
 //! Lanes a row for `units` units: the power of two that holds them, or 32 (each lane then loops).
@@ -79,98 +81,71 @@ inline int append_lanes(int units) {
   return lanes;
 }
 
-//! Bytes a copy of one table row moves: the widest of 16, 8, 4 that divides the row and its start (2:
-//! an element at a time).
-template <typename T, typename C>
-int append_table_copy_bytes(const AppendArgs<T, C>& a) {
-  const int64_t row = append_table_bytes(a);
-  const auto base = reinterpret_cast<uintptr_t>(a.table);
-  for (int bytes : {16, 8, 4})
-    if (row % bytes == 0 && base % bytes == 0) return bytes;
-  return 2;
+//! The path of a call of `tokens` tokens with rows to write: few tokens take the few-token path.
+inline AppendPath append_path(int64_t tokens, int64_t rows_a_token) {
+  if (tokens == 0 || rows_a_token == 0) return AppendPath::kNone;
+  return tokens <= kAppendTokenMaxTokens ? AppendPath::kToken : AppendPath::kTile;
 }
 
-//! Shared bytes of the row rings: kAppendRowStages rows of two 16-byte chunks a thread, on the vector
-//! path of one unit a lane (chunks of 16 bytes); 0 elsewhere (rows held in registers).
-template <typename T>
-int append_ring_bytes(int n, bool single) {
-  return append_has_rings<T>(n, single) ? kAppendRowStages * 2 * 16 * kAppendBlockThreads : 0;
-}
-
-//! Most tokens a tile whose staged state fits kAppendSharedBudget: a power of two, at most
-//! kAppendTileMaxTokens.
-inline int append_tile_max_tokens(int table_row_bytes, bool has_cache_rows) {
-  int tokens = kAppendTileMaxTokens;
-  while (tokens > 1 &&
-         append_shared_layout(tokens, has_cache_rows ? 2 * tokens : 0, table_row_bytes).bytes > kAppendSharedBudget)
-    tokens /= 2;
-  return tokens;
-}
-
-//! Fills the plan part of `a` for chunks of `n` elements, `sms` SMs and `resident` blocks a SM: tiles
-//! of consecutive tokens, as few tokens a tile as fill one wave of blocks.
-template <typename T, typename C>
-void plan_append_launch(AppendArgs<T, C>& a, int n, int sms, int resident, AppendPlan& plan) {
-  a.units = static_cast<int>(a.head_dim / (2 * n));
-  a.rotary_units = static_cast<int>(a.rotary_dim / (2 * n));
-  a.lanes = append_lanes(a.units);
-  const int64_t per_token = a.q_heads + 2 * a.heads;
-  a.rows = a.tokens * per_token;
-  a.div_rows = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(per_token, 1)));
-  a.table_row_bytes = static_cast<int>((append_table_bytes(a) + 15) / 16 * 16);
-  a.table_copy_bytes = append_table_copy_bytes(a);
-  const int64_t capacity = int64_t{sms} * std::max(resident, 1);
-  const int64_t wave = (a.tokens + capacity - 1) / capacity;
-  a.tile_tokens =
-      static_cast<int>(std::clamp<int64_t>(wave, 1, append_tile_max_tokens(a.table_row_bytes, a.heads > 0)));
-  // A small call's one-token tiles split over blocks so that a group finishes its rows in one pass
-  // (decode at Hq = 64: 80 rows, two passes of one block's 64).
-  const bool single = a.units <= 32;
-  const int64_t rows_per_pass = kAppendBlockThreads / a.lanes * (single ? kAppendRowsInFlight : 1);
-  const int64_t passes = (per_token + rows_per_pass - 1) / rows_per_pass;
-  a.row_splits = a.tile_tokens == 1
-                     ? static_cast<int>(std::clamp<int64_t>(capacity / a.tokens, 1, std::max<int64_t>(passes, 1)))
-                     : 1;
-  a.split_rows =
-      static_cast<int>(a.row_splits > 1 ? (per_token + a.row_splits - 1) / a.row_splits : a.tile_tokens * per_token);
-  a.tiles = (a.tokens + a.tile_tokens - 1) / a.tile_tokens * a.row_splits;
+//! Shared bytes of a tile of `tile_tokens` tokens (its slot table only when the call writes cache rows).
+inline int append_tile_shared_bytes(int tile_tokens, bool has_cache_rows) {
   int hash = 1;
-  while (hash < 2 * a.tile_tokens) hash *= 2;
-  a.hash_slots = a.heads > 0 ? hash : 0;
+  while (hash < 2 * tile_tokens) hash *= 2;
+  return tile_layout(tile_tokens, has_cache_rows ? hash : 0).bytes;
+}
+
+//! The plan of a call on path `path` (append_path) for chunks of `n` elements; the tile path also needs
+//! `sms` SMs and `resident` tile blocks a SM. Fills the kernels' geometry `g` and the reported `plan`.
+template <typename T, typename C>
+void plan_append_geometry(const AppendArgs<T, C>& a, AppendPath path, int n, int sms, int resident, AppendGeometry& g,
+                 AppendPlan& plan) {
+  g = AppendGeometry{};
+  plan = AppendPlan{};
+  plan.path = path;
+  if (path == AppendPath::kNone) return;
+  g.units = static_cast<int>(a.head_dim / (2 * n));
+  g.rotary_units = static_cast<int>(a.rotary_dim / (2 * n));
+  g.lanes = append_lanes(g.units);
+  g.per_token = static_cast<int>(a.q_heads + 2 * a.heads);
+  g.table_row_bytes = static_cast<int>(a.rotary_dim * (a.table_f32 ? 4 : int64_t{sizeof(T)}));
+  g.table_runs = n == 1 || (reinterpret_cast<uintptr_t>(a.table) % 16 == 0 && g.table_row_bytes % 16 == 0);
+  const int warp_groups = 32 / g.lanes;
   plan.launched = true;
   plan.vec_width = n;
-  plan.lanes = a.lanes;
-  plan.block = kAppendBlockThreads;
-  plan.tile_tokens = a.tile_tokens;
-  plan.grid = static_cast<int>(std::clamp<int64_t>(a.tiles, 1, capacity));
-  a.ring_bytes = append_ring_bytes<T>(n, single);
-  // Few tokens on the vector path with whole 16-byte table runs: a warp a token's rows, nothing staged.
-  const bool wide = n * int64_t{sizeof(T)} == 16 && a.table_copy_bytes == 16;
-  a.token_warps = 0;
-  if (single && wide && a.tokens <= kAppendTokenMaxTokens) {
-    const int rows_per_warp = 32 / a.lanes;
-    a.token_warps = static_cast<int>((per_token + rows_per_warp - 1) / rows_per_warp);
-    a.div_token_warps = FastDivmod(static_cast<uint32_t>(a.token_warps));
-    constexpr int kWarps = kAppendTokenBlockThreads / 32;
+  plan.lanes = g.lanes;
+  if (path == AppendPath::kToken) {
+    // A group a row (kAppendTokenRowsPerGroup), a token's groups whole warps.
+    const int groups = (g.per_token + kAppendTokenRowsPerGroup - 1) / kAppendTokenRowsPerGroup;
+    g.slices = (groups + warp_groups - 1) / warp_groups * warp_groups;
+    g.div_slices = FastDivmod(static_cast<uint32_t>(g.slices));
+    const int64_t threads = a.tokens * g.slices * g.lanes;
     plan.block = kAppendTokenBlockThreads;
-    plan.grid = static_cast<int>((a.tokens * a.token_warps + kWarps - 1) / kWarps);
+    plan.grid = static_cast<int>((threads + plan.block - 1) / plan.block);
     plan.tile_tokens = 1;
+  } else {
+    // Tiles of consecutive tokens, as few tokens a tile as fill one wave of blocks; a block's groups
+    // dealt over the tile's tokens (several a token when the tile has fewer tokens than groups).
+    const int64_t capacity = int64_t{sms} * std::max(resident, 1);
+    const int64_t wave = (a.tokens + capacity - 1) / capacity;
+    g.tile_tokens = static_cast<int>(std::clamp<int64_t>(wave, 1, kAppendTileMaxTokens));
+    int tile = 1;
+    while (tile < g.tile_tokens) tile *= 2;
+    g.tile_tokens = tile;
+    g.tiles = (a.tokens + g.tile_tokens - 1) / g.tile_tokens;
+    const int groups = kAppendBlockThreads / g.lanes;
+    int slices = 1;
+    while (slices * g.tile_tokens < groups && slices < g.per_token) slices *= 2;
+    g.slices = slices;
+    g.div_slices = FastDivmod(static_cast<uint32_t>(slices));
+    int hash = 1;
+    while (hash < 2 * g.tile_tokens) hash *= 2;
+    g.hash_slots = a.heads > 0 ? hash : 0;
+    plan.block = kAppendBlockThreads;
+    plan.grid = static_cast<int>(std::clamp<int64_t>(g.tiles, 1, capacity));
+    plan.shared_bytes = tile_layout(g.tile_tokens, g.hash_slots).bytes;
+    plan.tile_tokens = g.tile_tokens;
   }
-  plan.token_warps = a.token_warps;
-}
-
-//! Dynamic shared memory of a launch: a tile's staged state, then the row rings (rounded to 16 bytes).
-template <typename T, typename C>
-int append_shared_bytes(const AppendArgs<T, C>& a) {
-  return append_ring_offset(append_shared_layout(a.tile_tokens, a.hash_slots, a.table_row_bytes).bytes) + a.ring_bytes;
-}
-
-//! The most dynamic shared memory a tile of this call can take (the occupancy the tile is sized from).
-template <typename T, typename C>
-int append_most_shared_bytes(const AppendArgs<T, C>& a) {
-  const int tokens = append_tile_max_tokens(a.table_row_bytes, a.heads > 0);
-  return append_ring_offset(append_shared_layout(tokens, a.heads > 0 ? 2 * tokens : 0, a.table_row_bytes).bytes) +
-         a.ring_bytes;
+  plan.slices = g.slices;
 }
 
 }  // namespace kvrope::detail

@@ -58,6 +58,10 @@ Status check_append_sizes(const AppendParams<T, C, Pos>& p) {
   if (p.norm_eps < 0.0f || !(p.norm_eps == p.norm_eps)) return fail(StatusCode::kInvalidSize, "norm_eps");
   if (p.cos_sin_cache != nullptr && p.cos_sin_cache_f32 != nullptr)
     return fail(StatusCode::kConflictingFields, "cos_sin_cache", "cos_sin_cache_f32");
+  if (p.query_out_fp8.data != nullptr && p.query_out.data != nullptr)
+    return fail(StatusCode::kConflictingFields, "query_out_fp8", "query_out");
+  if (p.query_scale != nullptr && p.query_out_fp8.data == nullptr)
+    return fail(StatusCode::kConflictingFields, "query_scale", "query_out_fp8");
   if (p.key_in_place && p.key_out.data != nullptr)
     return fail(StatusCode::kConflictingFields, "key_in_place", "key_out");
   if constexpr (!kIsFp8<C>) {
@@ -79,12 +83,13 @@ Status validate_append(const AppendParams<T, C, Pos>& p) {
   const int64_t rows = p.query_heads + p.heads > 0 ? p.tokens : 0;  // tokens with a row to rotate
   const bool f32 = p.cos_sin_cache_f32 != nullptr;
   if (rows > 0 && p.cos_sin_cache == nullptr && !f32) return fail(StatusCode::kNullPointer, "cos_sin_cache");
-  const bool q_in_place = p.query_out.data == nullptr;
+  const bool q_fp8 = p.query_out_fp8.data != nullptr;
+  const bool q_in_place = p.query_out.data == nullptr && !q_fp8;
   const int64_t q_tokens = p.query_heads > 0 ? p.tokens : 0;
   const int64_t kv_tokens = p.heads > 0 ? p.tokens : 0;
   const int64_t scales = p.scale_per_head ? p.heads : 1;
   const int64_t cache_pages = p.heads > 0 ? p.num_pages : 0;
-  const std::array<Layout, 10> in{
+  const std::array<Layout, 11> in{
       token_heads_layout("key", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key), TokenHeads<const T>(p.key),
                          p.key_in_place ? 0 : kv_tokens, p.heads, d),
       token_heads_layout("value", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(value), p.value, kv_tokens, p.heads, d),
@@ -98,12 +103,15 @@ Status validate_append(const AppendParams<T, C, Pos>& p) {
       flat_layout("query_norm_weight", p.query_norm_weight, sizeof(T), p.query_norm_weight ? d : 0),
       flat_layout("key_norm_weight", p.key_norm_weight, sizeof(T), p.key_norm_weight ? d : 0),
       flat_layout("key_scale", p.key_scale, 4, p.key_scale ? scales : 0),
-      flat_layout("value_scale", p.value_scale, 4, p.value_scale ? scales : 0)};
+      flat_layout("value_scale", p.value_scale, 4, p.value_scale ? scales : 0),
+      flat_layout("query_scale", p.query_scale, 4, p.query_scale ? 1 : 0)};
   const std::array<Layout, 5> out{
-      q_in_place
-          ? token_heads_layout("query", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query), p.query, q_tokens, p.query_heads, d)
-          : token_heads_layout("query_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out), p.query_out, q_tokens,
-                               p.query_heads, d),
+      q_in_place ? token_heads_layout("query", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query), p.query, q_tokens,
+                                      p.query_heads, d)
+      : q_fp8    ? token_heads_layout("query_out_fp8", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out_fp8),
+                                      p.query_out_fp8, q_tokens, p.query_heads, d)
+                 : token_heads_layout("query_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out), p.query_out, q_tokens,
+                                      p.query_heads, d),
       p.key_in_place ? token_heads_layout("key", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key), p.key, kv_tokens, p.heads, d)
                      : token_heads_layout("key_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key_out), p.key_out,
                                           p.key_out.data ? kv_tokens : 0, p.heads, d),

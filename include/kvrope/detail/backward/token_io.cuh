@@ -6,6 +6,7 @@
 
 #include "../../error_flag.cuh"
 #include "../../rope.cuh"
+#include "../common/async_copy.cuh"
 #include "../common/position.cuh"
 #include "args.cuh"
 
@@ -40,17 +41,9 @@ struct PositionPrefetch {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     __syncwarp();  // every lane has read the slot's previous position
     if (lane == 0) {
-      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
-      if (a.positions_are_int64) {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst),
-                     "l"(static_cast<const int64_t*>(a.positions) + t)
-                     : "memory");
-      } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst),
-                     "l"(static_cast<const int32_t*>(a.positions) + t)
-                     : "memory");
-      }
-      asm volatile("cp.async.commit_group;" ::: "memory");
+      const int bytes = a.positions_are_int64 ? 8 : 4;
+      copy_async(slot, static_cast<const unsigned char*>(a.positions) + t * bytes, bytes);
+      commit_async_copies();
     }
 #else
     (void)lane;
@@ -60,7 +53,7 @@ struct PositionPrefetch {
 
   __device__ __forceinline__ RawIndex take() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    wait_async_copies();
     __syncwarp();  // lane 0's copy is visible to the warp
     return *slot;
 #else

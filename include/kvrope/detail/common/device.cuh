@@ -60,6 +60,13 @@ Status resident_blocks(Kernel kernel, int device, int block, int shared_bytes, i
   });
 }
 
+//! SMs of `device`, asked once a thread.
+inline Status multiprocessors(int device, int* out) {
+  return cached_query(device, out, [&](int* sms) {
+    return cuda_status(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  });
+}
+
 inline Status device_attribute(cudaDeviceAttr attr, int device, int* out) {
   return cuda_status(cudaDeviceGetAttribute(out, attr, device), "cudaDeviceGetAttribute");
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "../../common/async_copy.cuh"
 #include "../../common/divmod.cuh"
 #include "../args.cuh"
 #include "bitmask.cuh"
@@ -105,21 +106,6 @@ __device__ __forceinline__ ChunkMarks chunk_marks_lane(const uint32_t* mask, con
 // A chunk of this many runs of unmarked rows or more is loaded and stored whole, its marked rows zeroed in the stage
 // (random positions 2.81 -> 1.99 x floor against a bulk copy a run); fewer runs: a copy a run, no extra bytes.
 inline constexpr uint32_t kBulkWholeChunkRuns = 3;
-
-// A bulk load into this block's shared memory: the .shared::cta destination where the PTX ISA has it
-// (8.6, CUDA 12.8), else the .shared::cluster form with this block's own address.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if __cccl_ptx_isa >= 860
-  cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, dst, src, bytes, bar);
-#else
-  cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, src, bytes, bar);
-#endif
-}
-
-// A bulk store of this block's shared memory to global memory (completion: bulk groups).
-__device__ __forceinline__ void bulk_store(void* dst, const void* src, int64_t bytes) {
-  cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst, src, static_cast<uint32_t>(bytes));
-}
 
 //! The copy warp's chunks of the first window (blocks drawing tickets ask for their first two).
 template <typename T>

@@ -1,0 +1,79 @@
+// Which token writes a slot: a token's position check, the scan of later tokens' slots (the last token
+// naming a slot wins), and a tile's slot table in shared memory.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/position.cuh"
+#include "args.cuh"
+#include "policy.cuh"
+
+namespace kvrope::detail {
+
+//! Token t's position, or -1 when it is outside [0, max_position).
+template <typename T, typename C>
+__device__ __forceinline__ int64_t append_position(const AppendArgs<T, C>& a, int64_t t) {
+  const int64_t p = index_value(load_raw_index(a.positions, a.positions_are_int64, t), a.positions_are_int64);
+  return p >= 0 && p < a.max_position ? p : -1;
+}
+
+//! Calls f(s, u) for each token u = first, first + stride, ... below a.tokens, with its slot s: a thread
+//! loads kAppendSlotLoads slots a round, all in flight before any is used.
+template <typename T, typename C, typename F>
+__device__ __forceinline__ void for_later_slots(const AppendArgs<T, C>& a, int64_t first, int64_t stride, F&& f) {
+  for (int64_t u0 = first; u0 < a.tokens; u0 += kAppendSlotLoads * stride) {
+    int64_t s[kAppendSlotLoads];
+#pragma unroll
+    for (int k = 0; k < kAppendSlotLoads; ++k) {
+      const int64_t u = u0 + k * stride;
+      s[k] = u < a.tokens ? a.slots[u] : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < kAppendSlotLoads; ++k) f(s[k], u0 + k * stride);
+  }
+}
+
+//! Whether a later token of the call with its position in range names `slot` (in range): the whole warp
+//! scans, every lane must call it.
+template <typename T, typename C>
+__device__ __forceinline__ bool later_names_slot(const AppendArgs<T, C>& a, int64_t token, int64_t slot) {
+  bool found = false;
+  for_later_slots(a, token + 1 + (threadIdx.x & 31), 32, [&](int64_t s, int64_t u) {
+    if (s == slot && append_position(a, u) >= 0) found = true;
+  });
+  return __any_sync(0xffffffffu, found);
+}
+
+//! An empty key of a tile's slot table (no slot in range has all bits set).
+inline constexpr unsigned long long kAppendNoSlot = ~0ull;
+
+//! A tile's slot table: open addressing over `size` entries (a power of two, at least twice the tile's
+//! tokens), keys the slots; `last` the tile's last token naming a key, `later` whether a token after the
+//! tile does (both with their positions in range).
+struct SlotTable {
+  unsigned long long* keys;
+  int* last;
+  int* later;
+  int size;
+
+  __device__ __forceinline__ int hash(int64_t slot) const {
+    return static_cast<int>((static_cast<uint64_t>(slot) * 0x9E3779B97F4A7C15ull) >> 32) & (size - 1);
+  }
+  //! The entry of `slot`, inserted if absent.
+  __device__ __forceinline__ int insert(int64_t slot) const {
+    for (int e = hash(slot);; e = (e + 1) & (size - 1)) {
+      const unsigned long long prev = atomicCAS(&keys[e], kAppendNoSlot, static_cast<unsigned long long>(slot));
+      if (prev == kAppendNoSlot || prev == static_cast<unsigned long long>(slot)) return e;
+    }
+  }
+  //! The entry of `slot`, or -1 when no token of the tile names it.
+  __device__ __forceinline__ int find(int64_t slot) const {
+    for (int e = hash(slot);; e = (e + 1) & (size - 1)) {
+      const unsigned long long key = keys[e];
+      if (key == static_cast<unsigned long long>(slot)) return e;
+      if (key == kAppendNoSlot) return -1;
+    }
+  }
+};
+
+}  // namespace kvrope::detail
