@@ -41,8 +41,10 @@ struct PositionPrefetch {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     __syncwarp();  // every lane has read the slot's previous position
     if (lane == 0) {
-      const int bytes = a.positions_are_int64 ? 8 : 4;
-      copy_async(slot, static_cast<const unsigned char*>(a.positions) + t * bytes, bytes);
+      if (a.positions_are_int64)
+        copy_async(slot, static_cast<const int64_t*>(a.positions) + t, 8);
+      else
+        copy_async(slot, static_cast<const int32_t*>(a.positions) + t, 4);
       commit_async_copies();
     }
 #else
