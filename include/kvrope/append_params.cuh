@@ -134,8 +134,8 @@ struct AppendParams {
 //! shape alone.
 enum class AppendPath : int {
   kNone,   //!< nothing to read or write
-  kToken,  //!< few tokens: groups of lanes take a token's rows, nothing staged
-  kTile,   //!< more tokens: a block stages a tile of tokens' positions and slots, its groups take their rows
+  kToken,  //!< few tokens: a warp a few rows of one token, nothing staged
+  kTile,   //!< more tokens: a block stages a tile of tokens' table rows and slots, its groups take its rows
 };
 
 //! What an append call launches, as plan_append reports it without launching.
@@ -147,8 +147,8 @@ struct AppendPlan {
   int grid = 0;           //!< blocks
   int block = 0;          //!< threads per block
   int shared_bytes = 0;   //!< dynamic shared memory a block
-  int tile_tokens = 0;    //!< kTile: consecutive tokens a block stages at a time
-  int slices = 0;         //!< groups of lanes a token's rows are dealt over
+  int tile_tokens = 0;    //!< consecutive tokens a block stages at a time (kToken: 1)
+  int token_warps = 0;    //!< kToken: warps a token's rows take
 };
 
 }  // namespace kvrope

@@ -1,11 +1,12 @@
-// The append's two kernels (docs/design.md, "The serving forward"): each deals tokens' rows to groups of
-// lanes that run a TokenWalk (rows.cuh); they differ in how a token learns its position and whether its
-// slot is its own to write.
+// The append's two kernels (docs/design.md, "The serving forward"): the few-token kernel, a warp a few
+// rows of one token with nothing staged; the tile kernel, a block a tile of consecutive tokens staged in
+// shared memory, its rows loaded through cp.async rings.
 #pragma once
 
 #include <cstdint>
 
 #include "../../error_flag.cuh"
+#include "../common/async_copy.cuh"
 #include "args.cuh"
 #include "policy.cuh"
 #include "rows.cuh"
@@ -14,60 +15,130 @@
 
 namespace kvrope::detail {
 
-//! The few-token path: group i of the grid takes token i / g.slices, slice i % g.slices; a warp's groups
-//! share a token (g.slices is a multiple of the groups a warp), so a warp scans the later slots for its
-//! token's slot when its rows include a k or v row. Nothing staged, no barrier.
-template <typename T, typename C, int N, bool kSingle>
+//! The few-token path (vector chunks, a lane one unit): g.token_warps warps a token, rows
+//! j = w (32 / lanes) + lane / lanes of its warp w. Nothing staged and no barrier, so a row's longest
+//! chain is its position, then its table row, then its stores. A warp with a k or v row scans the later
+//! tokens' slots for its token's (the last writer wins).
+template <typename T, typename C, int N>
 __global__ void __launch_bounds__(kAppendTokenBlockThreads) append_token_kernel(const AppendArgs<T, C> a,
                                                                                 const AppendGeometry g) {
-  const int lane = static_cast<int>(threadIdx.x) & (g.lanes - 1);
-  const uint32_t group = (blockIdx.x * kAppendTokenBlockThreads + threadIdx.x) / g.lanes;
-  const uint32_t token32 = g.div_slices.div32(group);
-  const int64_t token = token32;
-  if (token >= a.tokens) return;  // (whole warps)
-  const int slice = static_cast<int>(group - token32 * g.div_slices.divisor);
-  TokenWalk<T, C, N, kSingle, kAppendTokenRowsPerGroup> walk;
-  walk.begin(a, g, token, slice, lane);  // first: the row loads need nothing loaded
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const uint32_t warp = blockIdx.x * (kAppendTokenBlockThreads / 32) + threadIdx.x / 32;
+  const int64_t token = g.div_token_warps.div32(warp);
+  if (token >= a.tokens) return;  // (the whole warp)
+  const int rows_per_warp = 32 / g.lanes;
+  const int first = static_cast<int>(warp - static_cast<uint32_t>(token) * g.div_token_warps.divisor) * rows_per_warp;
+  const int per_token = static_cast<int>(g.div_rows.divisor);
+  const int j = first + lane / g.lanes;
+  const int unit = lane & (g.lanes - 1);
+  const bool row_ok = j < per_token, active = row_ok && unit < g.units;
+  const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, g.rotary_units, unit);
+  const AppendRow r = token_row(a, token, 0, j);
+  UnitChunks<T, N> x;
+  if (active) x = load_chunks<T, N>(row_source(a, r), pl);  // first: nothing it needs is loaded
+  const CallScales scales = call_scales(a);                 // in flight beside the position, off its chain
   const int64_t p = append_position(a, token);
   int64_t slot = a.heads > 0 ? a.slots[token] : -1;
   const bool in_range = slot >= 0 && slot < a.num_slots;
-  // The group's first k or v row, if any: j >= Hq with j = slice (mod slices).
-  const int q = static_cast<int>(a.q_heads);
-  const int first_kv = slice >= q ? slice : slice + (q - slice + g.slices - 1) / g.slices * g.slices;
-  if (in_range && __any_sync(0xffffffffu, first_kv < g.per_token) && later_names_slot(a, token, slot)) slot = -1;
-  if (slice == 0 && lane == 0 && a.error_flag != nullptr) {
+  // The warp's rows include a k or v row: whether the slot is this token's to write.
+  if (in_range && first + rows_per_warp > a.q_heads && first < per_token && later_names_slot(a, token, slot)) slot = -1;
+  if (first == 0 && lane == 0 && a.error_flag != nullptr) {
     if (p < 0)
       atomicOr(a.error_flag, kErrorPositionIdOutOfRange);
     else if (slot >= a.num_slots)
       atomicOr(a.error_flag, kErrorSlotOutOfRange);
   }
-  walk.run(a, g, p, in_range ? slot : -1);
+  if (!row_ok) return;  // (whole groups)
+  AppendRowContext<T, C> ctx;
+  const unsigned char* table = static_cast<const unsigned char*>(a.table) + p * append_table_bytes(a);
+  if (row_context(a, r, table, p < 0 ? -2 : in_range ? slot : -1, scales, ctx))
+    finish_row<T, C, N>(a, g.lanes, ctx, pl, active, x);
 }
 
-//! The tile path: a block takes tiles of g.tile_tokens consecutive tokens in turn and stages each
-//! (stage_tile); its groups then take the tile's (token, slice) items, g.slices a token. A group's first
-//! rows of a tile load while the tile is staged.
-template <typename T, typename C, int N, bool kSingle>
+//! The tile path. A block takes tiles (g.tile_tokens consecutive tokens, or a one-token tile's share of
+//! g.row_splits) in turn and stages each (stage_tile); its groups of g.lanes lanes then take the tile's
+//! rows. kRings (vector chunks of 16 bytes, a lane one unit): a ring of kAppendRowStages rows a group in
+//! shared memory, filled by cp.async, the next rows loading while the current one is finished (the first
+//! ones while the tile is staged). Else each lane loops over the units of its row (the norm then reads
+//! the row twice).
+template <typename T, typename C, int N, bool kRings>
 __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) append_tile_kernel(const AppendArgs<T, C> a,
                                                                                              const AppendGeometry g) {
   extern __shared__ __align__(16) unsigned char shared[];
-  const int lane = static_cast<int>(threadIdx.x) & (g.lanes - 1);
-  const int groups = kAppendBlockThreads / g.lanes;
-  const int group = static_cast<int>(threadIdx.x) / g.lanes;
+  const TileLayout at = tile_layout(g.tile_tokens, g.hash_slots, g.table_row_bytes);
+  const int lanes = g.lanes;
+  const int lane = static_cast<int>(threadIdx.x) & (lanes - 1);
+  const int groups = static_cast<int>(blockDim.x) / lanes;
+  const int group = static_cast<int>(threadIdx.x) / lanes;
+  const int per_token = static_cast<int>(g.div_rows.divisor);
+  const CallScales scales = call_scales(a);
   for (int64_t tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
-    const int64_t first = tile * g.tile_tokens;
+    const int64_t tokens_tile = tile / g.row_splits;
+    const int64_t first = tokens_tile * g.tile_tokens;
     const int64_t left = a.tokens - first;
-    const AppendTile tl = append_tile(shared, g, first, static_cast<int>(left < g.tile_tokens ? left : g.tile_tokens));
-    const int items = tl.count * g.slices;
-    TokenWalk<T, C, N, kSingle, kAppendRowsInFlight> walk;
-    if (group < items) walk.begin(a, g, first + group / g.slices, group % g.slices, lane);
-    stage_tile(a, tl);
-    for (int item = group; item < items; item += groups) {
-      const int i = item / g.slices;
-      if (item != group) walk.begin(a, g, first + i, item % g.slices, lane);
-      walk.run(a, g, tl.position[i], tl.slot[i]);
+    const AppendTile tl =
+        append_tile(shared, at, g.hash_slots, first, static_cast<int>(left < g.tile_tokens ? left : g.tile_tokens));
+    // This block's rows of the tile: [begin, rows).
+    const int begin = static_cast<int>(tile - tokens_tile * g.row_splits) * g.split_rows;
+    const int rows = tl.count * per_token < begin + g.split_rows ? tl.count * per_token : begin + g.split_rows;
+    if constexpr (kRings) {
+      // Each lane's two chunks at [stage][half][thread] (16-byte accesses of consecutive threads: no bank
+      // conflicts); a lane reads back only what it copied, so its own waits order the ring and no barrier
+      // is needed.
+      constexpr int kStages = kAppendRowStages;
+      const bool active = lane < g.units;
+      const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, g.rotary_units, lane);
+      const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+      uint4* const ring = reinterpret_cast<uint4*>(shared + ring_offset(at.bytes)) + tid;
+      auto issue = [&](int r, int stage) {
+        if (r < rows && active) {
+          const T* src = row_source(a, tile_row(a, g, tl, r));
+          copy_async(ring + (2 * stage) * threads, src + pl.lo, 16);
+          copy_async(ring + (2 * stage + 1) * threads, src + pl.hi, 16);
+        }
+        commit_async_copies();  // one group a row, empty past the end, so that the waits count rows
+      };
+      const int r0 = begin + group;
+#pragma unroll
+      for (int k = 0; k < kStages - 1; ++k) issue(r0 + k * groups, k);
+      stage_tile(a, g, tl);  // (waits for every copy so far: the first rows too)
+      int stage = 0;
+      for (int r = r0; r < rows; r += groups) {
+        issue(r + (kStages - 1) * groups, stage == 0 ? kStages - 1 : stage - 1);
+        wait_async_copies<kStages - 1>();
+        UnitChunks<T, N> x;
+        if (active) {
+          const uint4 lo = ring[(2 * stage) * threads], hi = ring[(2 * stage + 1) * threads];
+          memcpy(&x.lo, &lo, 16);
+          memcpy(&x.hi, &hi, 16);
+        }
+        AppendRowContext<T, C> ctx;
+        if (row_context(a, g, tl, tile_row(a, g, tl, r), scales, ctx)) finish_row<T, C, N>(a, lanes, ctx, pl, active, x);
+        stage = stage + 1 == kStages ? 0 : stage + 1;
+      }
+    } else {
+      stage_tile(a, g, tl);
+      for (int r = begin + group; r < rows; r += groups) {
+        AppendRowContext<T, C> ctx;
+        const AppendRow row = tile_row(a, g, tl, r);
+        if (!row_context(a, g, tl, row, scales, ctx)) continue;
+        const T* src = row_source(a, row);
+        if (ctx.norm != nullptr) {
+          float sum = 0.0f;
+          for (int u = lane; u < g.units; u += lanes)
+            sum += unit_square_sum(
+                load_chunks<T, N>(src, unit_place<N>(a.style, a.rotary_dim, a.head_dim, g.rotary_units, u)));
+          ctx.inv_rms = row_inv_rms(a, group_sum(sum, lanes));
+        }
+        for (int u = lane; u < g.units; u += lanes) {
+          const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, g.rotary_units, u);
+          UnitChunks<T, N> y = load_chunks<T, N>(src, pl);
+          finish_unit<T, C, N>(a, ctx, pl, y);
+          store_row_unit<T, C, N>(a, ctx, pl, y);
+        }
+      }
     }
-    __syncthreads();  // every group has read the tile's staged state before the next tile replaces it
+    __syncthreads();  // the tile's staged state is read by every group before the next tile replaces it
   }
 }
 

@@ -14,43 +14,31 @@
 
 namespace kvrope::detail {
 
-//! The kernel of `path` for chunks of N elements, one unit a lane or looping (kSingle).
-template <typename T, typename C, int N, bool kSingle>
-auto append_kernel(AppendPath path) {
-  return path == AppendPath::kToken ? append_token_kernel<T, C, N, kSingle> : append_tile_kernel<T, C, N, kSingle>;
-}
-
 template <typename T, typename C>
 Status launch_append(const AppendArgs<T, C>& a, cudaStream_t stream, AppendPlan* plan_out, bool plan_only) {
   static_assert(kIsSupportedType<T>, "kvrope: T must be __nv_bfloat16, __half or float");
   constexpr int kWide = 16 / sizeof(T);
-  const AppendPath path = append_path(a.tokens, a.q_heads + 2 * a.heads);
+  const int n = append_chunk(a);
+  const AppendPath path = append_path(a, n);
   AppendGeometry g{};
   AppendPlan plan{};
-  if (path == AppendPath::kNone) {
-    if (plan_out) *plan_out = plan;
-    return {};
-  }
-  // 16-byte chunks when every row allows them and a lane holds one unit (D <= 32 x 2 N); rows of more
-  // units loop over them a lane, an element pair at a time (no wide looping instance: such D are rare).
-  const bool wide = append_vectorizable(a) && a.head_dim / (2 * kWide) <= 32;
-  const int n = wide ? kWide : 1;
-  const bool single = a.head_dim / (2 * n) <= 32;
-  using Kernel = void (*)(AppendArgs<T, C>, AppendGeometry);
-  const Kernel kernel = wide     ? append_kernel<T, C, kWide, true>(path)
-                        : single ? append_kernel<T, C, 1, true>(path)
-                                 : append_kernel<T, C, 1, false>(path);
   int sms = 0, resident = 0;
+  using Kernel = void (*)(AppendArgs<T, C>, AppendGeometry);
+  Kernel kernel = append_token_kernel<T, C, kWide>;
   if (path == AppendPath::kTile) {
+    kernel = n == kWide ? append_tile_kernel<T, C, kWide, true> : append_tile_kernel<T, C, 1, false>;
     int device = 0;
     if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
     if (Status s = multiprocessors(device, &sms); !s) return s;
-    const int most_shared = append_tile_shared_bytes(kAppendTileMaxTokens, true);
-    if (Status s = resident_blocks(kernel, device, kAppendBlockThreads, most_shared, 0, &resident); !s) return s;
+    // The instance may take more than the default 48 KiB of shared memory with rings: its most for any
+    // call, one value an instance, allowed on its first query.
+    const int most = append_most_shared_bytes(a, n);
+    const int allowed = n == kWide ? kAppendSharedBudget + append_ring_bytes<T>(n) : 0;
+    if (Status s = resident_blocks(kernel, device, kAppendBlockThreads, most, allowed, &resident); !s) return s;
   }
   plan_append_geometry(a, path, n, sms, resident, g, plan);
   if (plan_out) *plan_out = plan;
-  if (plan_only) return {};
+  if (plan_only || path == AppendPath::kNone) return {};
   kernel<<<plan.grid, plan.block, plan.shared_bytes, stream>>>(a, g);
   return cuda_status(cudaGetLastError(), "kernel launch");
 }

@@ -81,24 +81,64 @@ inline int append_lanes(int units) {
   return lanes;
 }
 
-//! The path of a call of `tokens` tokens with rows to write: few tokens take the few-token path.
-inline AppendPath append_path(int64_t tokens, int64_t rows_a_token) {
-  if (tokens == 0 || rows_a_token == 0) return AppendPath::kNone;
-  return tokens <= kAppendTokenMaxTokens ? AppendPath::kToken : AppendPath::kTile;
+//! Bytes a copy of one table row moves: the widest of 16, 8, 4 that divides the row and its start (2:
+//! an element at a time).
+template <typename T, typename C>
+int append_table_copy_bytes(const AppendArgs<T, C>& a) {
+  const int64_t row = append_table_bytes(a);
+  const auto base = reinterpret_cast<uintptr_t>(a.table);
+  for (int bytes : {16, 8, 4})
+    if (row % bytes == 0 && base % bytes == 0) return bytes;
+  return 2;
 }
 
-//! Shared bytes of a tile of `tile_tokens` tokens (its slot table only when the call writes cache rows).
-inline int append_tile_shared_bytes(int tile_tokens, bool has_cache_rows) {
-  int hash = 1;
-  while (hash < 2 * tile_tokens) hash *= 2;
-  return tile_layout(tile_tokens, has_cache_rows ? hash : 0).bytes;
+//! Elements a chunk: 16 bytes of T when every row allows them and a lane holds one unit (D <= 64 x 16
+//! bytes); else one, and rows of more than 32 units loop over them a lane.
+template <typename T, typename C>
+int append_chunk(const AppendArgs<T, C>& a) {
+  constexpr int kWide = 16 / sizeof(T);
+  return append_vectorizable(a) && a.head_dim / (2 * kWide) <= 32 ? kWide : 1;
+}
+
+//! The path of a call, from its shape alone (sizes, chunk, the table's alignment; nothing asked of the
+//! device): few tokens on the vector path with whole 16-byte table runs take the few-token path.
+template <typename T, typename C>
+AppendPath append_path(const AppendArgs<T, C>& a, int n) {
+  if (a.tokens == 0 || a.heads + a.q_heads == 0) return AppendPath::kNone;
+  const bool wide = n * int64_t{sizeof(T)} == 16 && append_table_copy_bytes(a) == 16;
+  return wide && a.tokens <= kAppendTokenMaxTokens ? AppendPath::kToken : AppendPath::kTile;
+}
+
+//! Shared bytes of the row rings: kAppendRowStages rows of two 16-byte chunks a thread, on the vector
+//! path (chunks of 16 bytes); 0 elsewhere.
+template <typename T>
+int append_ring_bytes(int n) {
+  return n * static_cast<int>(sizeof(T)) == 16 ? kAppendRowStages * 2 * 16 * kAppendBlockThreads : 0;
+}
+
+//! Most tokens a tile whose staged state fits kAppendSharedBudget: a power of two, at most
+//! kAppendTileMaxTokens.
+inline int append_tile_max_tokens(int table_row_bytes, bool has_cache_rows) {
+  int tokens = kAppendTileMaxTokens;
+  while (tokens > 1 &&
+         tile_layout(tokens, has_cache_rows ? 2 * tokens : 0, table_row_bytes).bytes > kAppendSharedBudget)
+    tokens /= 2;
+  return tokens;
+}
+
+//! The most dynamic shared memory a tile of this call can take (the occupancy the tile is sized from).
+template <typename T, typename C>
+int append_most_shared_bytes(const AppendArgs<T, C>& a, int n) {
+  const int row_bytes = static_cast<int>((append_table_bytes(a) + 15) / 16 * 16);
+  const int tokens = append_tile_max_tokens(row_bytes, a.heads > 0);
+  return ring_offset(tile_layout(tokens, a.heads > 0 ? 2 * tokens : 0, row_bytes).bytes) + append_ring_bytes<T>(n);
 }
 
 //! The plan of a call on path `path` (append_path) for chunks of `n` elements; the tile path also needs
 //! `sms` SMs and `resident` tile blocks a SM. Fills the kernels' geometry `g` and the reported `plan`.
 template <typename T, typename C>
 void plan_append_geometry(const AppendArgs<T, C>& a, AppendPath path, int n, int sms, int resident, AppendGeometry& g,
-                 AppendPlan& plan) {
+                          AppendPlan& plan) {
   g = AppendGeometry{};
   plan = AppendPlan{};
   plan.path = path;
@@ -106,46 +146,49 @@ void plan_append_geometry(const AppendArgs<T, C>& a, AppendPath path, int n, int
   g.units = static_cast<int>(a.head_dim / (2 * n));
   g.rotary_units = static_cast<int>(a.rotary_dim / (2 * n));
   g.lanes = append_lanes(g.units);
-  g.per_token = static_cast<int>(a.q_heads + 2 * a.heads);
-  g.table_row_bytes = static_cast<int>(a.rotary_dim * (a.table_f32 ? 4 : int64_t{sizeof(T)}));
-  g.table_runs = n == 1 || (reinterpret_cast<uintptr_t>(a.table) % 16 == 0 && g.table_row_bytes % 16 == 0);
-  const int warp_groups = 32 / g.lanes;
+  const int64_t per_token = a.q_heads + 2 * a.heads;
+  g.div_rows = FastDivmod(static_cast<uint32_t>(per_token));
+  g.table_row_bytes = static_cast<int>((append_table_bytes(a) + 15) / 16 * 16);
+  g.table_copy_bytes = append_table_copy_bytes(a);
   plan.launched = true;
   plan.vec_width = n;
   plan.lanes = g.lanes;
   if (path == AppendPath::kToken) {
-    // A group a row (kAppendTokenRowsPerGroup), a token's groups whole warps.
-    const int groups = (g.per_token + kAppendTokenRowsPerGroup - 1) / kAppendTokenRowsPerGroup;
-    g.slices = (groups + warp_groups - 1) / warp_groups * warp_groups;
-    g.div_slices = FastDivmod(static_cast<uint32_t>(g.slices));
-    const int64_t threads = a.tokens * g.slices * g.lanes;
+    // A warp a token's 32 / lanes rows, nothing staged.
+    const int rows_per_warp = 32 / g.lanes;
+    g.token_warps = static_cast<int>((per_token + rows_per_warp - 1) / rows_per_warp);
+    g.div_token_warps = FastDivmod(static_cast<uint32_t>(g.token_warps));
+    constexpr int kWarps = kAppendTokenBlockThreads / 32;
     plan.block = kAppendTokenBlockThreads;
-    plan.grid = static_cast<int>((threads + plan.block - 1) / plan.block);
+    plan.grid = static_cast<int>((a.tokens * g.token_warps + kWarps - 1) / kWarps);
     plan.tile_tokens = 1;
-  } else {
-    // Tiles of consecutive tokens, as few tokens a tile as fill one wave of blocks; a block's groups
-    // dealt over the tile's tokens (several a token when the tile has fewer tokens than groups).
-    const int64_t capacity = int64_t{sms} * std::max(resident, 1);
-    const int64_t wave = (a.tokens + capacity - 1) / capacity;
-    g.tile_tokens = static_cast<int>(std::clamp<int64_t>(wave, 1, kAppendTileMaxTokens));
-    int tile = 1;
-    while (tile < g.tile_tokens) tile *= 2;
-    g.tile_tokens = tile;
-    g.tiles = (a.tokens + g.tile_tokens - 1) / g.tile_tokens;
-    const int groups = kAppendBlockThreads / g.lanes;
-    int slices = 1;
-    while (slices * g.tile_tokens < groups && slices < g.per_token) slices *= 2;
-    g.slices = slices;
-    g.div_slices = FastDivmod(static_cast<uint32_t>(slices));
-    int hash = 1;
-    while (hash < 2 * g.tile_tokens) hash *= 2;
-    g.hash_slots = a.heads > 0 ? hash : 0;
-    plan.block = kAppendBlockThreads;
-    plan.grid = static_cast<int>(std::clamp<int64_t>(g.tiles, 1, capacity));
-    plan.shared_bytes = tile_layout(g.tile_tokens, g.hash_slots).bytes;
-    plan.tile_tokens = g.tile_tokens;
+    plan.token_warps = g.token_warps;
+    return;
   }
-  plan.slices = g.slices;
+  // Tiles of consecutive tokens, as few tokens a tile as fill one wave of blocks.
+  const int64_t capacity = int64_t{sms} * std::max(resident, 1);
+  const int64_t wave = (a.tokens + capacity - 1) / capacity;
+  g.tile_tokens =
+      static_cast<int>(std::clamp<int64_t>(wave, 1, append_tile_max_tokens(g.table_row_bytes, a.heads > 0)));
+  // A small call's one-token tiles split over blocks so that a group finishes its rows in one pass
+  // (a one-token tile at Hq = 64: 80 rows, two blocks of 40).
+  const bool single = g.units <= 32;
+  const int64_t rows_per_pass = kAppendBlockThreads / g.lanes * (single ? kAppendGroupRowsAPass : 1);
+  const int64_t passes = (per_token + rows_per_pass - 1) / rows_per_pass;
+  g.row_splits = g.tile_tokens == 1
+                     ? static_cast<int>(std::clamp<int64_t>(capacity / a.tokens, 1, std::max<int64_t>(passes, 1)))
+                     : 1;
+  g.split_rows =
+      static_cast<int>(g.row_splits > 1 ? (per_token + g.row_splits - 1) / g.row_splits : g.tile_tokens * per_token);
+  g.tiles = (a.tokens + g.tile_tokens - 1) / g.tile_tokens * g.row_splits;
+  int hash = 1;
+  while (hash < 2 * g.tile_tokens) hash *= 2;
+  g.hash_slots = a.heads > 0 ? hash : 0;
+  g.ring_bytes = single ? append_ring_bytes<T>(n) : 0;
+  plan.block = kAppendBlockThreads;
+  plan.tile_tokens = g.tile_tokens;
+  plan.grid = static_cast<int>(std::clamp<int64_t>(g.tiles, 1, capacity));
+  plan.shared_bytes = ring_offset(tile_layout(g.tile_tokens, g.hash_slots, g.table_row_bytes).bytes) + g.ring_bytes;
 }
 
 }  // namespace kvrope::detail

@@ -1,103 +1,124 @@
-// A tile of the tile path: consecutive tokens whose positions and slots a block stages in shared memory,
-// each slot kept only by the last token that writes it.
+// A tile of the tile path: consecutive tokens whose table rows, slots and positions a block stages in
+// shared memory, each slot kept only by the last token that writes it.
 #pragma once
 
 #include <cstdint>
 
 #include "../../error_flag.cuh"
+#include "../common/async_copy.cuh"
 #include "args.cuh"
 #include "slots.cuh"
 
 namespace kvrope::detail {
 
-//! Where a tile's staged state lies in dynamic shared memory (byte offsets), and its size: each token's
-//! slot and position, then the slot table (keys, last, later).
+//! Where a tile's staged state lies in dynamic shared memory (byte offsets), and its size: the table
+//! rows [tile_tokens][table_row_bytes], each token's slot to write, then the slot table (keys, last, later).
 struct TileLayout {
-  int slot, position, keys, last, later, bytes;
+  int table, slots, keys, last, later, bytes;
 };
 
-__host__ __device__ inline TileLayout tile_layout(int tile_tokens, int hash_slots) {
+__host__ __device__ inline TileLayout tile_layout(int tile_tokens, int hash_slots, int table_row_bytes) {
   TileLayout s{};
-  s.slot = 0;
-  s.position = tile_tokens * 8;
-  s.keys = s.position + tile_tokens * 8;
+  s.table = 0;
+  s.slots = tile_tokens * table_row_bytes;  // (a multiple of 16)
+  s.keys = s.slots + tile_tokens * 8;
   s.last = s.keys + hash_slots * 8;
   s.later = s.last + hash_slots * 4;
   s.bytes = s.later + hash_slots * 4;
   return s;
 }
 
-//! A tile's staged state: `slot[i]` is the slot token first + i writes (-1: none), `position[i]` its
-//! position (-1: out of range, the token writes nothing).
+//! Where the row rings start: after the staged state, at a 16-byte boundary.
+__host__ __device__ inline int ring_offset(int staged_bytes) { return (staged_bytes + 15) / 16 * 16; }
+
+//! A tile's staged state: `slot[i]` is the slot token first + i writes, -1 when it writes no cache row,
+//! -2 when its position is out of range (it writes nothing); `table` its table rows.
 struct AppendTile {
   int64_t first;
   int count;
+  unsigned char* table;
   int64_t* slot;
-  int64_t* position;
-  SlotTable table;
+  SlotTable slots;
 };
 
-__device__ __forceinline__ AppendTile append_tile(unsigned char* shared, const AppendGeometry& g, int64_t first,
-                                                  int count) {
-  const TileLayout at = tile_layout(g.tile_tokens, g.hash_slots);
+__device__ __forceinline__ AppendTile append_tile(unsigned char* shared, const TileLayout& at, int hash_slots,
+                                                  int64_t first, int count) {
   return {first,
           count,
-          reinterpret_cast<int64_t*>(shared + at.slot),
-          reinterpret_cast<int64_t*>(shared + at.position),
+          shared + at.table,
+          reinterpret_cast<int64_t*>(shared + at.slots),
           {reinterpret_cast<unsigned long long*>(shared + at.keys), reinterpret_cast<int*>(shared + at.last),
-           reinterpret_cast<int*>(shared + at.later), g.hash_slots}};
+           reinterpret_cast<int*>(shared + at.later), hash_slots}};
 }
 
-//! Stages tile `tl` (every thread of the block; it ends with a barrier): each token's position and slot,
-//! and whether it is the last to write its slot: no later token with its position in range names it,
-//! in the tile (the slot table's `last`) or after it (a scan of every later slot against the table). A
-//! bad position or slot sets its bit of the error flag.
+//! Stages tile `tl` (every thread of the block; it ends with a barrier): each token's slot, its table
+//! row (copied while the later tokens' slots are scanned), and whether it is the last to write its slot:
+//! no later token with its position in range names it, in the tile (the slot table's `last`) or after
+//! it (a scan of every later slot against the table). A bad position or slot sets its bit of the error flag.
 template <typename T, typename C>
-__device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const AppendTile& tl) {
+__device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const AppendGeometry& g, const AppendTile& tl) {
   const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
-  const SlotTable& st = tl.table;
-  const bool has_slots = st.size > 0;
-  for (int e = tid; e < st.size; e += threads) {
+  const SlotTable& st = tl.slots;
+  const int hs = st.size;
+  for (int e = tid; e < hs; e += threads) {
     st.keys[e] = kAppendNoSlot;
     st.last[e] = -1;
     st.later[e] = 0;
   }
   for (int i = tid; i < tl.count; i += threads) {
     const int64_t t = tl.first + i;
-    int64_t s = has_slots ? a.slots[t] : -1;
-    const int64_t p = append_position(a, t);
-    if (p < 0) {
+    int64_t s = hs > 0 ? a.slots[t] : -1;
+    if (append_position(a, t) < 0) {
       if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrorPositionIdOutOfRange);
-      s = -1;
-    } else if (s >= a.num_slots) {
-      if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrorSlotOutOfRange);
-      s = -1;
+      s = -2;
+    } else {
+      if (s >= a.num_slots) {
+        if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrorSlotOutOfRange);
+        s = -1;
+      }
+      s = s < 0 ? -1 : s;
     }
-    tl.slot[i] = s < 0 ? -1 : s;
-    tl.position[i] = p;
+    tl.slot[i] = s;
+  }
+  // The table rows, a copy a thread (each thread loads the position its copy needs).
+  const int bytes = static_cast<int>(append_table_bytes(a));
+  const int step = g.table_copy_bytes;
+  const int copies = bytes / step;
+  for (int c = tid; c < tl.count * copies; c += threads) {
+    const int i = c / copies, b = (c - i * copies) * step;
+    const int64_t p = append_position(a, tl.first + i);
+    if (p < 0) continue;
+    const unsigned char* src = static_cast<const unsigned char*>(a.table) + p * bytes + b;
+    unsigned char* dst = tl.table + int64_t{i} * g.table_row_bytes + b;
+    if (step >= 4)
+      copy_async(dst, src, step);
+    else
+      *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src);
   }
   __syncthreads();
-  if (!has_slots) return;
-  // A tile of one token needs no table: its slot is compared with each later one.
-  const bool one = tl.count == 1;
-  const int64_t own = tl.slot[0];
-  if (!one) {
-    for (int i = tid; i < tl.count; i += threads)
-      if (tl.slot[i] >= 0) atomicMax(&st.last[st.insert(tl.slot[i])], i);
+  if (hs > 0) {
+    // A tile of one token (decode) needs no table: its slot is compared with each later one.
+    const bool one = tl.count == 1;
+    const int64_t own = tl.slot[0];
+    if (!one) {
+      for (int i = tid; i < tl.count; i += threads)
+        if (tl.slot[i] >= 0) atomicMax(&st.last[st.insert(tl.slot[i])], i);
+      __syncthreads();
+    }
+    if (!one || own >= 0)
+      for_later_slots(a, tl.first + tl.count + tid, threads, [&](int64_t s, int64_t u) {
+        if (s < 0 || s >= a.num_slots) return;
+        const int e = one ? (s == own ? 0 : -1) : st.find(s);
+        if (e >= 0 && append_position(a, u) >= 0) atomicOr(&st.later[e], 1);
+      });
     __syncthreads();
+    for (int i = tid; i < tl.count; i += threads) {
+      if (tl.slot[i] < 0) continue;
+      const int e = one ? 0 : st.find(tl.slot[i]);
+      if ((!one && st.last[e] != i) || st.later[e] != 0) tl.slot[i] = -1;  // a later token writes the slot
+    }
   }
-  if (!one || own >= 0)
-    for_later_slots(a, tl.first + tl.count + tid, threads, [&](int64_t s, int64_t u) {
-      if (s < 0 || s >= a.num_slots) return;
-      const int e = one ? (s == own ? 0 : -1) : st.find(s);
-      if (e >= 0 && append_position(a, u) >= 0) atomicOr(&st.later[e], 1);
-    });
-  __syncthreads();
-  for (int i = tid; i < tl.count; i += threads) {
-    if (tl.slot[i] < 0) continue;
-    const int e = one ? 0 : st.find(tl.slot[i]);
-    if ((!one && st.last[e] != i) || st.later[e] != 0) tl.slot[i] = -1;  // a later token writes the slot
-  }
+  wait_async_copies();
   __syncthreads();
 }
 
