@@ -9,11 +9,16 @@ Timed, where each applies:
   (64, 8)}, D = 128, bf16 NHD caches only; norm off, the last page's unused rows not cleared: the same work
   as kvrope's, q written to out_q);
 - its fused fp8 kernel rope_quantize_fp8_append_paged_kv_cache (fp8 e4m3 caches, NHD or HND; it writes q
-  quantized to fp8, one byte an element where kvrope writes bf16);
+  quantized to fp8, one byte an element where kvrope writes bf16): on the fp8-cache cases with q scale 1, and on
+  the q-fp8 cases (cache "fp8_e4m3+q8", decode ids 49-72, prefill 33-48: the fp8-cache cases again, appended
+  after the others so that the ids above keep their meaning) with the cases' query scale, where it does kvrope's
+  work exactly (kvrope writes q to query_out_fp8 as fp8_satfinite(RoPE(q) / 0.02); FlashInfer multiplies by
+  quant_scale_q = 1 / 0.02);
 - its two launches apply_rope_with_cos_sin_cache_inplace (q and k in place) then append_paged_kv_cache
   (bf16 caches);
 - kvrope through the PyTorch package (kvrope_torch.rope_append_, k read only, and with key_in_place as the
-  two launches do), where the package is importable; else those columns are left out.
+  two launches do), where the package is importable; else those columns are left out. On the q-fp8 cases only
+  where rope_append_ takes q_scale (an fp8 query_out); else left out there (kvrope_bench times those cases).
 
 Protocol (docs/benchmarks.md): before each call the L2 is flushed (a buffer of twice the L2 written) and the
 device synchronized; a call's time is its kernels' span (first start to last end) from CUPTI through
@@ -30,6 +35,7 @@ modules imported. Its JIT builds (nvcc, about a minute) go to $FLASHINFER_WORKSP
 import argparse
 import importlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -42,6 +48,7 @@ import torch
 
 MASK = (1 << 64) - 1
 KEY_SCALE, VALUE_SCALE = 0.0125, 0.015  # bench/support/serve_cases.hpp's fp8 scales
+QUERY_SCALE = 0.02  # serve_cases.hpp's kServeQueryScale: the q-fp8 cases' query_out_fp8 = fp8(RoPE(q) / 0.02)
 S_MAX = 4096
 DECODE_BATCHES = (1, 8, 32, 128, 256, 1024)
 PREFILL_SHAPES = ((8, 512), (1, 2048), (4, 1024), (1, 8192))
@@ -71,7 +78,8 @@ class SplitMix:
 
 
 def case_table(decode, heads=8, head_dim=128, page_size=16):
-    """Every case of a serve suite, numbered from 1: shapes, then Hq, the cache, the layout."""
+    """Every case of a serve suite, numbered from 1: shapes, then Hq, the cache, the layout; then every
+    fp8-cache case again with q written in fp8 (q8: decode 49-72, prefill 33-48), as serve_case_table."""
     shapes = [(b, 1) for b in DECODE_BATCHES] if decode else list(PREFILL_SHAPES)
     cases = []
     for seqs, length in shapes:
@@ -81,8 +89,17 @@ def case_table(decode, heads=8, head_dim=128, page_size=16):
                     s_max = -(-length // page_size) * page_size if length > S_MAX else S_MAX
                     cases.append(dict(id=len(cases) + 1, decode=decode, seqs=seqs, tokens_per_seq=length,
                                       s_max=s_max, hq=hq, h=heads, d=head_dim, page_size=page_size,
-                                      max_position=s_max, cache=cache, layout=layout))
+                                      max_position=s_max, cache=cache, layout=layout, q8=False))
+    # The q-fp8 cases, after all the others (the ids above never change).
+    fp8_cases = [c for c in cases if c["cache"] != "bf16"]
+    for c in fp8_cases:
+        cases.append(dict(c, id=len(cases) + 1, q8=True))
     return cases
+
+
+def cache_label(c):
+    """The cache column: the cache's type, "+q8" where q is written in fp8 too (serve_cache_label)."""
+    return c["cache"] + ("+q8" if c.get("q8") else "")
 
 
 def shape_name(c):
@@ -90,11 +107,12 @@ def shape_name(c):
 
 
 def case_bytes(c, key_written=False):
-    """serve_cases.hpp's serve_bytes: q read and written, k and v read, the cache rows, a table row, the
-    position and the slot, a token."""
+    """serve_cases.hpp's serve_bytes: q read and written (in 1 byte for the q-fp8 cases), k and v read, the
+    cache rows, a table row, the position and the slot, a token."""
     hq, h, d = c["hq"], c["h"], c["d"]
     ce = 2 if c["cache"] == "bf16" else 1
-    per_token = 2 * 2 * hq * d + 2 * 2 * h * d + ce * 2 * h * d + 4 * d + 16 + (2 * h * d if key_written else 0)
+    qe = 1 if c.get("q8") else 2
+    per_token = (2 + qe) * hq * d + 2 * 2 * h * d + ce * 2 * h * d + 4 * d + 16 + (2 * h * d if key_written else 0)
     return per_token * c["seqs"] * c["tokens_per_seq"]
 
 
@@ -151,6 +169,7 @@ class Problem:
         self.kc, self.vc = make(shape, dtype=dtype, **cuda), make(shape, dtype=dtype, **cuda)
         self.k_scale = torch.tensor([KEY_SCALE], dtype=torch.float32, **cuda)
         self.v_scale = torch.tensor([VALUE_SCALE], dtype=torch.float32, **cuda)
+        self.q_scale = torch.tensor([QUERY_SCALE], dtype=torch.float32, **cuda)
         ends = [s + n for s, n in zip(starts, lengths)]  # each sequence's length after the append
         used = [-(-e // p) for e in ends]
         i32 = dict(dtype=torch.int32, **cuda)
@@ -281,13 +300,23 @@ def import_kvrope():
     return kvrope_torch, None
 
 
+def kvrope_writes_q8(kv):
+    """Whether the package's rope_append_ writes q in fp8 (an fp8 query_out with q_scale): the q-fp8 cases'
+    kvrope columns; else left out on those cases."""
+    try:
+        return kv is not None and "q_scale" in inspect.signature(kv.rope_append_).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def methods(pr, fi, kv):
     """The calls that apply to a case, by name: (callable, where q goes, whether k is rotated in place,
-    the fp8 scales the cache rows get)."""
+    the fp8 scales (k, v, q) the cache rows and an fp8 q get)."""
     c = pr.c
     q, k, v = pr.views()
     hq, h, d, layout = c["hq"], c["h"], c["d"], c["layout"]
     fp8 = c["cache"] != "bf16"
+    q8 = bool(c.get("q8"))
     out = {}
     if fi.rope is not None:
         if fi.cake_supports(c):
@@ -297,12 +326,16 @@ def methods(pr, fi, kv):
                                             clear_unused_last_page_rows=False),
                                "out_q", False, None)
         if fp8:
+            # FlashInfer multiplies by its scales (one for k and v); the q-fp8 cases' q scale is the cases'
+            # (kvrope's work), the fp8-cache cases' 1 (as timed before the q-fp8 cases existed).
             fused8 = fi.rope.rope_quantize_fp8_append_paged_kv_cache
+            q_scale = QUERY_SCALE if q8 else 1.0
             out["fi_fp8"] = (lambda: fused8(q, k, None, None, v, pr.table, pr.positions, (pr.kc, pr.vc), pr.kv_indices,
                                             pr.kv_indptr, pr.batch_indices, pr.positions32, is_neox=True,
-                                            quantize_dtype=FP8, quant_scale_q=1.0, quant_scale_kv=1.0 / KEY_SCALE,
-                                            page_size=c["page_size"], kv_layout=layout, q_rope_out=pr.out_q8),
-                             "out_q8", False, (KEY_SCALE, KEY_SCALE))
+                                            quantize_dtype=FP8, quant_scale_q=1.0 / q_scale,
+                                            quant_scale_kv=1.0 / KEY_SCALE, page_size=c["page_size"],
+                                            kv_layout=layout, q_rope_out=pr.out_q8),
+                             "out_q8", False, (KEY_SCALE, KEY_SCALE, q_scale))
         else:
             rope_inplace = fi.rope.apply_rope_with_cos_sin_cache_inplace
             append = fi.page.append_paged_kv_cache
@@ -313,12 +346,14 @@ def methods(pr, fi, kv):
                        pr.kv_last_page_len, kv_layout=layout)
 
             out["fi_two"] = (two_launches, "q", True, None)
-    if kv is not None:
+    if kv is not None and (not q8 or kvrope_writes_q8(kv)):
         scales = dict(k_scale=pr.k_scale, v_scale=pr.v_scale) if fp8 else {}
+        if q8:  # q to an fp8 query_out, q left as it was
+            scales.update(query_out=pr.out_q8, q_scale=pr.q_scale)
         for name, kip in (("kvrope", False), ("kvrope_kip", True)):
             out[name] = (lambda kip=kip: kv.rope_append_(q, k, v, pr.positions, pr.table, pr.kc, pr.vc, pr.slots,
                                                          key_in_place=kip, layout=layout, **scales),
-                         "q", kip, (KEY_SCALE, VALUE_SCALE))
+                         "out_q8" if q8 else "q", kip, (KEY_SCALE, VALUE_SCALE, QUERY_SCALE))
     return out
 
 
@@ -356,10 +391,11 @@ def steps(got, want):
 VERIFY_STARTS, VERIFY_LENGTHS, VERIFY_SMAX = [0, 37, 100], [5, 1, 20], 256
 
 
-def verify_case(cache, layout):
+def verify_case(cache, layout, q8=False):
     """The check's small ragged batch: 3 sequences (5 tokens from 0, 1 at 37, 20 from 100), Hq = 64, H = 8."""
     return dict(decode=False, seqs=len(VERIFY_LENGTHS), tokens_per_seq=0, rows=sum(VERIFY_LENGTHS),
-                s_max=VERIFY_SMAX, hq=64, h=8, d=128, page_size=16, max_position=S_MAX, cache=cache, layout=layout)
+                s_max=VERIFY_SMAX, hq=64, h=8, d=128, page_size=16, max_position=S_MAX, cache=cache, layout=layout,
+                q8=q8)
 
 
 def verify(fi, kv):
@@ -379,9 +415,9 @@ def verify(fi, kv):
     slots = [page_table[b][pos // p] * p + pos % p for b, pos in zip(batch, positions)]
     table = rope_table(S_MAX, 128)
     failures = 0
-    for cache in ("bf16", "fp8_e4m3"):
+    for cache, q8 in (("bf16", False), ("fp8_e4m3", False), ("fp8_e4m3", True)):
         for layout in ("NHD", "HND"):
-            c = verify_case(cache, layout)
+            c = verify_case(cache, layout, q8)
             probe = Problem(c, (page_table, positions, slots, starts, lengths), table, zero_caches=True, seed=3)
             for name in methods(probe, fi, kv):
                 pr = Problem(c, (page_table, positions, slots, starts, lengths), table, zero_caches=True, seed=3)
@@ -392,12 +428,14 @@ def verify(fi, kv):
                     call()
                     torch.cuda.synchronize()
                 except Exception as e:  # noqa: BLE001
-                    print(f"verify {name:10s} {cache:8s} {layout}: FAILED to run: {type(e).__name__}: {e}")
+                    print(f"verify {name:10s} {cache_label(c):8s} {layout}: FAILED to run: {type(e).__name__}: {e}")
                     failures += 1
                     continue
                 q, k, v = pr.views()
                 got_q = {"out_q": pr.out_q, "out_q8": pr.out_q8, "q": q}[q_where]
-                want_q = to_fp8(q_ref, 1.0) if q_where == "out_q8" else q_ref.bfloat16()
+                # An fp8 q: RoPE(q) in fp32 quantized with the method's q scale (kvrope rounds to bf16 first,
+                # FlashInfer multiplies by 1 / scale: either within the one step allowed).
+                want_q = to_fp8(q_ref, scales[2]) if q_where == "out_q8" else q_ref.bfloat16()
                 k_bf = k_ref.bfloat16()
                 if cache == "bf16":
                     want_k, want_v = k_bf, v0
@@ -405,15 +443,17 @@ def verify(fi, kv):
                     want_k, want_v = to_fp8(k_bf, scales[0]), to_fp8(v0, scales[1])
                 found = {"q": steps(got_q, want_q), "k": steps(k, k_bf if kip else k0), "v": steps(v, v0),
                          "key rows": steps(pr.rows(pr.kc), want_k), "value rows": steps(pr.rows(pr.vc), want_v)}
-                limit = {"k": 1 if kip else 0, "v": 0}
+                if q8:  # q written to an fp8 output only: q itself as it was
+                    found["q in"] = steps(q, q0)
+                limit = {"k": 1 if kip else 0, "v": 0, "q in": 0}
                 bad = [f"{key} {val:g}" for key, val in found.items() if val > limit.get(key, 1)]
                 stray = pr.other_rows_nonzero(pr.kc) + pr.other_rows_nonzero(pr.vc)
                 if stray:
                     bad.append(f"{stray} elements written outside the tokens' rows")
                 failures += bool(bad)
                 detail = ", ".join(f"{key} {val:g}" for key, val in found.items())
-                print(f"verify {name:10s} {cache:8s} {layout}: {'MISMATCH ' + '; '.join(bad) if bad else 'ok'} "
-                      f"(ulps: {detail})")
+                verdict = "MISMATCH " + "; ".join(bad) if bad else "ok"
+                print(f"verify {name:10s} {cache_label(c):8s} {layout}: {verdict} (ulps: {detail})")
                 del pr
             del probe
     return failures
@@ -522,6 +562,9 @@ def main():
     kv, why = (None, "--no-kvrope") if args.no_kvrope else import_kvrope()
     if why:
         print(f"kvrope: columns left out: {why}")
+    elif not kvrope_writes_q8(kv) and any(c["q8"] for c in cases):
+        print("kvrope: columns left out on the q-fp8 cases: kvrope_torch.rope_append_ takes no q_scale (no fp8 "
+              "query_out); kvrope_bench times them")
     if fi.rope is None and kv is None:
         print("nothing to time")
         return 1
@@ -553,7 +596,7 @@ def main():
             tables[c["max_position"]] = rope_table(c["max_position"], c["d"])
         pr = Problem(c, tokens_of[key], tables[c["max_position"]], seed=c["id"])
         r = dict(suite=c["suite"], case=c["id"], shape=shape_name(c), hq=c["hq"], cache=c["cache"],
-                 layout=c["layout"], bytes=case_bytes(c), bytes_key_written=case_bytes(c, True))
+                 query_fp8=c["q8"], layout=c["layout"], bytes=case_bytes(c), bytes_key_written=case_bytes(c, True))
         for name, (call, _, _, _) in methods(pr, fi, kv).items():
             try:
                 r[name] = clock.span(call, args.iters)
@@ -567,7 +610,7 @@ def main():
         r["kvrope_over_fi_two"] = r["kvrope"] / r["fi_two"] if "kvrope" in r and "fi_two" in r else None
         r["kip_over_fi_two"] = r["kvrope_kip"] / r["fi_two"] if "kvrope_kip" in r and "fi_two" in r else None
         results.append(r)
-        print(f"{r['suite']:13s} {r['case']:4d} {r['shape']:>8s} {r['hq']:3d} {r['cache']:>8s} {r['layout']:>3s} "
+        print(f"{r['suite']:13s} {r['case']:4d} {r['shape']:>8s} {r['hq']:3d} {cache_label(c):>8s} {r['layout']:>3s} "
               f"{r['bytes'] * 1e-6:8.3f} | " + " ".join(f"{fmt(r.get(n)):>8s}" for n in COLUMNS[:3]) + " | " +
               " ".join(f"{fmt(r.get(n)):>8s}" for n in COLUMNS[3:]) + " | " +
               f"{fmt(r['kvrope_over_fi_single'], '{:.3f}'):>6s} {fmt(r['kvrope_over_fi_two'], '{:.3f}'):>6s} "

@@ -203,12 +203,20 @@ void print_header(const Run& run) {
         "config: suite %s (the serving forward), bf16 q, k, v as views of one qkv [T, (Hq + 2 H) D], H %lld, D %lld, "
         "pages of %lld (NHD and HND, page ids shuffled), positions and slots int64, table cache fp32 [max_position, "
         "D], fp8 e4m3 caches with per-tensor scales k %g, v %g; q rotated in place; %lld timed calls + %lld warm-up "
-        "per case, check %s, L2 flush %.1f MiB %s\n\n",
+        "per case, check %s, L2 flush %.1f MiB %s\n",
         suite_name(o.suite), static_cast<long long>(c.heads), static_cast<long long>(c.head_dim),
         static_cast<long long>(c.page_size), static_cast<double>(kServeKeyScale), static_cast<double>(kServeValueScale),
         static_cast<long long>(o.iters), static_cast<long long>(o.warmup), o.check ? "on" : "off",
         static_cast<double>(run.flush_bytes) / (1 << 20),
         o.flush_reads ? "read (--flush=read: a diagnostic, not the protocol)" : "written");
+    // The q-fp8 cases, when selected: what they write besides (serve_cases.hpp).
+    if (std::any_of(run.serve_cases.begin(), run.serve_cases.end(), [](const ServeCase& sc) { return sc.query_fp8; }))
+      std::printf(
+          "q-fp8 cases (cache fp8_e4m3+q8): kvrope and kvrope_kip write RoPE(q) to query_out_fp8 [T, Hq, D] in fp8 "
+          "e4m3, per-tensor scale %g (a device float), q left as it was; the naive reference runs as on the "
+          "fp8_e4m3 case (q rotated in place in bf16: it has no fp8 q)\n",
+          static_cast<double>(kServeQueryScale));
+    std::printf("\n");
     std::fflush(stdout);
     return;
   }
@@ -305,6 +313,9 @@ int main(int argc, char** argv) {
   }
   benchmark::RunSpecifiedBenchmarks();
   g_case.reset();
+  // The serve suites' host time of one call (support/serve_bench.cuh, measure_serve_host): after the
+  // benchmarks, on the warm device.
+  if (serve) measure_serve_host<__nv_bfloat16>(run, *g_clock, g_case);
 
   if (serve) {
     const ServeSummary summary = summarize_serve(run);

@@ -179,6 +179,7 @@ struct Options {
   std::vector<ServeVariant> serve_variants;  // --variants of a serve suite (after parsing: selected)
   std::string json_path = "kvrope_bench_results.json";
   uint64_t seed = 20261129;
+  int64_t host_calls = 2000;  // serve suites: calls of the host-time measurement (0: none)
   // The tuning flags given, in order. None: the plain launcher (the device's own policy).
   std::vector<std::pair<const TuningFlag*, double>> tuning;
   bool tuned() const { return !tuning.empty(); }
@@ -278,6 +279,8 @@ inline void print_usage() {
       "  --primer=0                  no primer kernel between the flush and the call (diagnostic: CUPTI's\n"
       "                              per-flush setup then lands on the call's first launch)\n"
       "  --kvrope_json=PATH          per-case results (default kvrope_bench_results.json)\n"
+      "  --host_calls=N              serve suites: the host time of one kv_cache_rope_append call and of an\n"
+      "                              empty kernel's launch, median of N calls each (default 2000; 0: skip)\n"
       "Tuning (kvrope::experimental::LaunchPolicy; any of them: the device's default_policy with those fields;\n"
       "leaderboard suite only):\n"
       "  --block=N                   block_threads (fused kernel block)\n"
@@ -322,7 +325,7 @@ inline std::vector<std::string> split_commas(const std::string& text) {
 inline Options parse_options(int* argc, char** argv) {
   Options opt;
   int kept = 1;
-  std::string variants_arg, backward_only;
+  std::string variants_arg, backward_only, serve_only;
   bool cases_csv_given = false;
   for (int i = 1; i < *argc; ++i) {
     const std::string arg = argv[i];
@@ -388,6 +391,9 @@ inline Options parse_options(int* argc, char** argv) {
     } else if (key == "--clock") {
       if (value != "cupti" && value != "events") bad_option(arg, "expected cupti or events");
       opt.cupti = value == "cupti";
+    } else if (key == "--host_calls") {
+      opt.host_calls = parse_int(arg, value, 0);
+      serve_only = arg;
     } else if (key == "--kvrope_json") {
       if (value.empty()) bad_option(arg, "expected a path");
       opt.json_path = value;
@@ -401,6 +407,7 @@ inline Options parse_options(int* argc, char** argv) {
   const size_t eq = variants_arg.find('=');
   const std::string variants = eq == std::string::npos ? std::string() : variants_arg.substr(eq + 1);
   if (!cases_csv_given) opt.cases_csv = suite_cases_csv(opt.suite);
+  if (!serve_only.empty() && !serve_suite(opt.suite)) bad_option(serve_only, "a flag of the serve suites only");
   if (!forward_suite(opt.suite) && !serve_suite(opt.suite)) {
     if (!variants_arg.empty()) {
       opt.variants.clear();

@@ -72,6 +72,19 @@ inline const VariantResult* find_variant(const ServeCaseResult& cr, ServeVariant
   return it == cr.variants.end() ? nullptr : &it->second;
 }
 
+// The host time of one C++ call (the serve suites' "serve-host" line, --host_calls): the CPU time
+// (std::chrono::steady_clock) kv_cache_rope_append takes to return (validate, plan, launch; no wait), on one
+// case of the suite, beside that of launching an empty kernel <<<1, 32, 0, stream>>> the same way.
+struct ServeHostTime {
+  bool measured = false;
+  ServeCase sc{};
+  int64_t calls = 0, sync_every = 0;  // calls of each, the stream synchronized (untimed) every sync_every
+  double call_median_us = 0, call_p10_us = 0, call_p90_us = 0;
+  double empty_median_us = 0, empty_p10_us = 0, empty_p90_us = 0;
+  std::string error;  // why it was not measured (a call failed)
+  double ratio() const { return call_median_us / empty_median_us; }
+};
+
 struct Run {
   Options options;
   DeviceInfo device;
@@ -83,6 +96,7 @@ struct Run {
   std::map<int, ForwardCaseResult> forward_results;  // the forward suites
   std::vector<ServeCase> serve_cases;                // the serve suites: the cases --cases selected
   std::map<int, ServeCaseResult> serve_results;
+  ServeHostTime serve_host;  // the serve suites, unless --host_calls=0
 };
 
 // The cases' common value of a field, or 0 when they differ.

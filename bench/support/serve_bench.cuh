@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -21,11 +22,13 @@
 
 #include "support/append_launchers.cuh"  // tests/support: the launchers, compiled once
 
+#include "calibration.cuh"  // empty_kernel
 #include "cupti_clock.cuh"
 #include "options.cuh"
 #include "results.cuh"
 #include "serve_case.cuh"
 #include "serve_cases.hpp"
+#include "stats.hpp"
 #include "timed_calls.cuh"
 
 namespace kvrope_bench {
@@ -39,7 +42,11 @@ void run_serve_variant(benchmark::State& state, Run& run, GpuClock& clock, std::
   const cudaStream_t stream = clock.stream();
   const bool naive = variant == ServeVariant::kNaive;
   const bool key_in_place = variant != ServeVariant::kKvrope;  // the naive rotates k in place
-  const auto params = data.params(key_in_place);
+  // The q-fp8 cases: kvrope's variants write q in fp8 (query_out_fp8). The naive two launches cannot
+  // (naive_append.cuh has no fp8 q): on these cases they run as on the fp8-cache case they copy, q rotated in
+  // place in T, so their time is that work's (Hq D bytes a token more than the floor counts).
+  const bool q_fp8 = sc.query_fp8 && !naive;
+  const auto params = data.params(key_in_place, q_fp8);
 
   kvrope::Status status;
   auto launch = [&](cudaStream_t st) {
@@ -62,7 +69,7 @@ void run_serve_variant(benchmark::State& state, Run& run, GpuClock& clock, std::
   bool checked = false;
   std::string label = naive ? "reference" : "unchecked";
   if (opt.check && !naive) {
-    const ServeCheck c = data.check(launch, status, key_in_place, stream);
+    const ServeCheck c = data.check(launch, status, key_in_place, q_fp8, stream);
     if (!status.ok()) {
       state.SkipWithError(c.failure.c_str());
       return;
@@ -152,6 +159,90 @@ void register_serve_benchmarks(Run& run, GpuClock& clock, std::unique_ptr<CaseDa
           ->Iterations(run.options.iters);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The host time of one C++ call (--host_calls=N; the summary's "serve-host" line and the JSON's
+// "host_time"). What a serving engine pays on the CPU a step, apart from the GPU time the suites report:
+// the CPU time (std::chrono::steady_clock) for kv_cache_rope_append to return (validate, plan, launch; it does
+// not wait for the kernel), on a warm device, not in a graph, beside the same measure of launching an empty
+// kernel <<<1, 32, 0, stream>>>: their ratio is kvrope's host cost in launches. The suite's first case (decode:
+// T=1, Hq 32, bf16 NHD; prefill: 8x512, Hq 32, bf16 NHD), k read only (the kvrope variant), through the
+// kvrope_launchers forwarder the suites time (AppendLaunchers::append: `return kv_cache_rope_append(p,
+// stream);`, compiled once; one out-of-line call more). CUPTI tracing is off meanwhile (it slows every launch).
+// The two alternate in rounds of kServeHostSyncEvery calls, the stream synchronized between rounds, outside
+// the timed region, so that the launch queue never fills (a full queue would make a launch wait for the GPU)
+// and both see the same conditions.
+// ---------------------------------------------------------------------------------------------------
+
+constexpr int64_t kServeHostSyncEvery = 100;
+constexpr int64_t kServeHostWarmup = 200;  // untimed calls of each first
+
+// `calls` calls of call() in rounds of kServeHostSyncEvery, each timed alone (us) into `us`; the stream
+// synchronized (untimed) before each round.
+template <typename Call>
+void time_host_round(Call&& call, int64_t calls, cudaStream_t stream, std::vector<double>& us) {
+  KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
+  for (int64_t i = 0; i < calls; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    const auto t1 = std::chrono::steady_clock::now();
+    us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+}
+
+template <typename T>
+void measure_serve_host(Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>& slot) {
+  const Options& opt = run.options;
+  ServeHostTime& h = run.serve_host;
+  if (opt.host_calls <= 0) return;
+  const std::vector<ServeCase> table = serve_case_table(opt.suite == Suite::kServeDecode, opt.heads, opt.head_dim);
+  h.sc = table.front();  // case 1: bf16 caches, NHD, Hq 32, the suite's first shape
+  h.calls = opt.host_calls;
+  h.sync_every = kServeHostSyncEvery;
+  const cudaStream_t stream = clock.stream();
+  ServeCaseData<T, T>& data = acquire_serve_case<T, T>(slot, h.sc, opt, run.device.fill_blocks(), stream);
+  const auto params = data.params(false);
+
+  bool failed = false;
+  kvrope::Status status;
+  auto call = [&] {
+    status = kvrope::testing::AppendLaunchers<T, T, int64_t>::append(params, stream);
+    failed = failed || !status.ok();
+  };
+  auto empty = [&] { empty_kernel<<<1, 32, 0, stream>>>(); };
+
+  cupti::set_tracing(false);
+  std::vector<double> call_us, empty_us, ignored;
+  for (int64_t done = 0; done < kServeHostWarmup; done += kServeHostSyncEvery) {
+    time_host_round(call, kServeHostSyncEvery, stream, ignored);
+    time_host_round(empty, kServeHostSyncEvery, stream, ignored);
+  }
+  for (int64_t done = 0; done < h.calls && !failed; done += kServeHostSyncEvery) {
+    const int64_t n = std::min(kServeHostSyncEvery, h.calls - done);
+    time_host_round(call, n, stream, call_us);
+    time_host_round(empty, n, stream, empty_us);
+  }
+  KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
+  KVROPE_BENCH_CUDA(cudaGetLastError());  // the empty launches' (checked here, outside the timed region)
+  cupti::set_tracing(true);
+  const int flag = data.read_error_flag(stream);
+  slot.reset();
+  if (failed) {
+    h.error = status_message("kv_cache_rope_append", status);
+    return;
+  }
+  if (flag != 0) {
+    h.error = "kv_cache_rope_append raised error_flag = " + std::to_string(flag);
+    return;
+  }
+  h.measured = true;
+  h.call_median_us = median_of(call_us);
+  h.call_p10_us = percentile_of(call_us, 0.1);
+  h.call_p90_us = percentile_of(call_us, 0.9);
+  h.empty_median_us = median_of(empty_us);
+  h.empty_p10_us = percentile_of(empty_us, 0.1);
+  h.empty_p90_us = percentile_of(empty_us, 0.9);
 }
 
 }  // namespace kvrope_bench

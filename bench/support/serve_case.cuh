@@ -1,11 +1,14 @@
 // One case of a serve suite: its tensors (shared by its variants; one case is alive at a time), the
 // AppendParams of a variant, and the check of kv_cache_rope_append against the naive two launches
-// (kvrope::reference::naive_append), done on the device (support/serve_check.cuh).
+// (kvrope::reference::naive_append), done on the device (support/serve_check.cuh); the q-fp8 cases' fp8 q,
+// which the naive launches cannot write, against the float64 reference on the host
+// (kvrope::reference::check_append).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <kvrope/kvrope.cuh>
+#include <kvrope/reference/cpu_append.hpp>
 #include <kvrope/reference/naive_append.cuh>
 
 #include "case_data.cuh"
@@ -43,10 +47,13 @@ struct ServeCaseData : CaseDataBase {
   size_t cache_elems = 0;
   int fill_blocks = 0;
   ServeTokens host;
+  std::vector<float> host_table;  // the table cache as uploaded (the q-fp8 check's reference reads it)
 
   // qkv [T, (Hq + 2 H) D]: q, k and v as views of one projection, as engines pass them. qkv is what the calls
   // rotate (again and again while timed: values stay bounded); pristine is the input, restored for a check.
-  DeviceBuffer qkv, pristine, positions, slot_mapping, table, key_cache, value_cache, scales, error_flag;
+  // scales: k's, v's and q's (kServeKeyScale, kServeValueScale, kServeQueryScale). query_fp8 [T, Hq, D]: the
+  // q-fp8 cases' query_out_fp8 (empty otherwise).
+  DeviceBuffer qkv, pristine, positions, slot_mapping, table, key_cache, value_cache, scales, error_flag, query_fp8;
   // The naive reference's outputs (qkv after it, its cache rows gathered [T, H, D]), the writer of each slot,
   // the check's counts.
   DeviceBuffer ref_qkv, ref_key_rows, ref_value_rows, writer, counts;
@@ -70,8 +77,9 @@ struct ServeCaseData : CaseDataBase {
     table = DeviceBuffer(static_cast<size_t>(c.max_position * c.head_dim) * sizeof(float));
     key_cache = DeviceBuffer(cache_elems * sizeof(C));
     value_cache = DeviceBuffer(cache_elems * sizeof(C));
-    scales = DeviceBuffer(2 * sizeof(float));
+    scales = DeviceBuffer(3 * sizeof(float));
     error_flag = DeviceBuffer(sizeof(int));
+    if (c.query_fp8) query_fp8 = DeviceBuffer(static_cast<size_t>(tokens * c.query_heads * c.head_dim));
 
     const uint64_t seed = splitmix64(opt.seed ^ (static_cast<uint64_t>(c.id) << 32) ^ 0x5E7Eull);
     fill_normal(pristine.as<T>(), tokens * width, seed, fill_blocks, stream);
@@ -80,10 +88,12 @@ struct ServeCaseData : CaseDataBase {
     // Every copy on `stream` (non-blocking: the legacy stream's copies would not be ordered with its kernels).
     upload(positions, host.positions.data(), stream);
     upload(slot_mapping, host.slots.data(), stream);
-    const std::vector<float> t = rope_table(c.max_position, c.head_dim);
-    upload(table, t.data(), stream);
-    const float s[2] = {kServeKeyScale, kServeValueScale};
+    host_table = rope_table(c.max_position, c.head_dim);
+    upload(table, host_table.data(), stream);
+    const float s[3] = {kServeKeyScale, kServeValueScale, kServeQueryScale};
     upload(scales, s, stream);
+    if (c.query_fp8)
+      KVROPE_BENCH_CUDA(cudaMemsetAsync(query_fp8.as<void>(), kServeCachePattern, query_fp8.bytes(), stream));
     KVROPE_BENCH_CUDA(cudaMemsetAsync(error_flag.as<int>(), 0, sizeof(int), stream));
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
   }
@@ -116,9 +126,11 @@ struct ServeCaseData : CaseDataBase {
                                           : kvrope::hnd_pages(data, sc.page_size, sc.heads, sc.head_dim);
   }
 
-  // A variant's call: q rotated in place, k rotated in place only with key_in_place (never into key_out), the
-  // table cache in fp32, RoPE(k) and v into the paged caches at slot_mapping, fp8 with per-tensor scales.
-  kvrope::AppendParams<T, C, Pos> params(bool key_in_place) const {
+  // A variant's call: q rotated in place (with q_fp8, a q-fp8 case's kvrope variants: into query_out_fp8 in fp8
+  // with the per-tensor query scale, q left as it was), k rotated in place only with key_in_place (never into
+  // key_out), the table cache in fp32, RoPE(k) and v into the paged caches at slot_mapping, fp8 with per-tensor
+  // scales.
+  kvrope::AppendParams<T, C, Pos> params(bool key_in_place, bool q_fp8 = false) const {
     const int64_t Hq = sc.query_heads, H = sc.heads, D = sc.head_dim;
     T* base = qkv.as<T>();
     kvrope::AppendParams<T, C, Pos> p;
@@ -144,6 +156,10 @@ struct ServeCaseData : CaseDataBase {
       p.key_scale = scales.as<const float>();
       p.value_scale = scales.as<const float>() + 1;
     }
+    if (q_fp8 && sc.query_fp8) {
+      p.query_out_fp8 = kvrope::thd(query_fp8.as<__nv_fp8_e4m3>(), Hq, D);
+      p.query_scale = scales.as<const float>() + 2;
+    }
     p.error_flag = error_flag.as<int>();
     return p;
   }
@@ -167,12 +183,14 @@ struct ServeCaseData : CaseDataBase {
     return flag;
   }
 
-  // The naive reference's outputs, computed once a case (its key rotated in place): empty, or why it failed.
+  // The naive reference's outputs, computed once a case (its key rotated in place, q in place in T: the naive
+  // launches have no fp8 q; a q-fp8 case's fp8 q is checked against the CPU reference instead): empty, or why
+  // it failed.
   const std::string& reference(cudaStream_t stream) {
     if (reference_ready) return reference_error;
     reference_ready = true;
     reset(stream);
-    const kvrope::Status st = kvrope::reference::naive_append(params(true), stream);
+    const kvrope::Status st = kvrope::reference::naive_append(params(true, false), stream);
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
     if (!st.ok()) return reference_error = status_message("naive_append", st);
     if (const int flag = read_error_flag(stream); flag != 0)
@@ -207,15 +225,18 @@ struct ServeCaseData : CaseDataBase {
   // One call of `launch` (which sets `status`) from the reset state, compared with the naive reference
   // (rounding_distance): q within 2 ulps of T; k unchanged, or within 2 ulps with key_in_place; v and the
   // value rows bit-exact; the key rows within 1 ulp of C (both round RoPE(k), evaluated in another order);
-  // every other cache element untouched. The inputs are restored afterwards.
+  // every other cache element untouched. With q_fp8 (the launch writes query_out_fp8): q bit-exact unchanged,
+  // and the fp8 q checked on the host (check_query_fp8). The inputs are restored afterwards.
   template <typename Launch>
-  ServeCheck check(Launch&& launch, const kvrope::Status& status, bool key_in_place, cudaStream_t stream) {
+  ServeCheck check(Launch&& launch, const kvrope::Status& status, bool key_in_place, bool q_fp8, cudaStream_t stream) {
     ServeCheck out;
     if (const std::string& e = reference(stream); !e.empty()) {
       out.failure = "no reference: " + e;
       return out;
     }
     reset(stream);
+    if (q_fp8)  // the pattern: whatever the call leaves unwritten shows
+      KVROPE_BENCH_CUDA(cudaMemsetAsync(query_fp8.as<void>(), kServeCachePattern, query_fp8.bytes(), stream));
     launch(stream);
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
     if (!status.ok()) {
@@ -227,9 +248,11 @@ struct ServeCaseData : CaseDataBase {
     upload(counts, zero, stream);
     const int64_t Hq = sc.query_heads, H = sc.heads, D = sc.head_dim;
     CompareCounts* c = counts.as<CompareCounts>();
-    compare_qkv<T><<<fill_blocks, 256, 0, stream>>>(
-        qkv.as<const T>(), ref_qkv.as<const T>(), (key_in_place ? ref_qkv : pristine).as<const T>(),
-        pristine.as<const T>(), tokens * width, width, Hq * D, (Hq + H) * D, 2, key_in_place ? 2 : 0, c);
+    // q: the naive reference's rotated q within 2 ulps, or with q_fp8 the input bit for bit (left as it was).
+    compare_qkv<T><<<fill_blocks, 256, 0, stream>>>(qkv.as<const T>(), (q_fp8 ? pristine : ref_qkv).as<const T>(),
+                                                    (key_in_place ? ref_qkv : pristine).as<const T>(),
+                                                    pristine.as<const T>(), tokens * width, width, Hq * D, (Hq + H) * D,
+                                                    q_fp8 ? 0 : 2, key_in_place ? 2 : 0, c);
     const uint32_t pattern = sizeof(C) == 1 ? kServeCachePattern : (kServeCachePattern * 0x0101u);
     compare_cache<C><<<fill_blocks, 256, 0, stream>>>(const_cache(key_cache), sc.page_size, H, D, slots,
                                                       writer.as<const int>(), ref_key_rows.as<const C>(), pattern, 1,
@@ -240,10 +263,18 @@ struct ServeCaseData : CaseDataBase {
     KVROPE_BENCH_CUDA(cudaGetLastError());
     CompareCounts got[kServeRegions];
     KVROPE_BENCH_CUDA(cudaMemcpyAsync(got, c, sizeof(got), cudaMemcpyDeviceToHost, stream));
+    // The fp8 q as the call left it (reset leaves query_fp8 alone).
+    std::vector<__nv_fp8_e4m3> q8;
+    if (q_fp8) {
+      q8.resize(query_fp8.bytes());
+      KVROPE_BENCH_CUDA(
+          cudaMemcpyAsync(q8.data(), query_fp8.as<void>(), query_fp8.bytes(), cudaMemcpyDeviceToHost, stream));
+    }
     reset(stream);
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
 
     if (flag != 0) out.failure = "error_flag = " + std::to_string(flag) + "; ";
+    if (q_fp8) out.failure += check_query_fp8(q8, stream);
     for (int r = 0; r < kServeRegions; ++r) {
       const CompareCounts& g = got[r];
       if (g.bad > 0) {
@@ -256,6 +287,46 @@ struct ServeCaseData : CaseDataBase {
       }
     }
     return out;
+  }
+
+  // The q-fp8 cases' fp8 q `got` (a host copy of query_fp8 after the call) against the float64 reference,
+  // kvrope::reference::check_append: each element the code quantize() gives for some q in T within the
+  // tolerance of RoPE(q) (docs/spec.md §1.7), divided by the query scale. Only q's rows are checked there (the
+  // device check covers the rest): an AppendParams without KV heads or pages, over host copies of the input
+  // q, the positions, the table cache, the scale, and of query_fp8 before the call (the pattern). Empty, or
+  // the failure with its first element.
+  std::string check_query_fp8(const std::vector<__nv_fp8_e4m3>& got, cudaStream_t stream) const {
+    const int64_t Hq = sc.query_heads, D = sc.head_dim;
+    std::vector<T> q(static_cast<size_t>(tokens * width));  // qkv as given (q's columns are read)
+    KVROPE_BENCH_CUDA(cudaMemcpyAsync(q.data(), pristine.as<void>(), pristine.bytes(), cudaMemcpyDeviceToHost, stream));
+    KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
+    std::vector<__nv_fp8_e4m3> before(got.size());
+    std::memset(static_cast<void*>(before.data()), kServeCachePattern, before.size());
+    const float query_scale = kServeQueryScale;
+    kvrope::AppendParams<T, C, Pos> in;
+    in.tokens = tokens;
+    in.heads = 0;
+    in.query_heads = Hq;
+    in.head_dim = D;
+    in.rotary_dim = D;
+    in.style = kvrope::RotaryStyle::kRotateHalf;
+    in.query = {q.data(), width, D};
+    in.query_out_fp8 = kvrope::thd(before.data(), Hq, D);
+    in.query_scale = &query_scale;
+    in.positions = host.positions.data();
+    in.cos_sin_cache_f32 = host_table.data();
+    in.max_position = sc.max_position;
+    in.page_size = sc.page_size;
+    in.num_pages = 0;
+    kvrope::reference::AppendOutputs<T, C> out;
+    out.query_out_fp8 = {got.data(), Hq * D, D};
+    const kvrope::reference::CheckResult r = kvrope::reference::check_append(in, out);
+    if (r.checked != tokens * Hq * D)  // the reference skipped rows: the check would prove nothing
+      return "query_out_fp8: the reference compared " + std::to_string(r.checked) + " of " +
+             std::to_string(tokens * Hq * D) + " elements; ";
+    if (r.ok()) return "";
+    return "query_out_fp8: " + std::to_string(r.mismatches) + " of " + std::to_string(r.checked) +
+           " beyond tolerance (first " + r.first_mismatch + "); ";
   }
 
   static std::string distance_text(unsigned int d) {

@@ -15,6 +15,10 @@ enum class ServeLayout { kNhd, kHnd };
 
 inline const char* serve_cache_name(ServeCache c) { return c == ServeCache::kBf16 ? "bf16" : "fp8_e4m3"; }
 inline const char* serve_layout_name(ServeLayout l) { return l == ServeLayout::kNhd ? "NHD" : "HND"; }
+// The cache column of the tables and labels: the cache's type, with "+q8" where q is written in fp8 too.
+inline const char* serve_cache_label(ServeCache c, bool query_fp8) {
+  return query_fp8 ? "fp8_e4m3+q8" : serve_cache_name(c);
+}
 
 struct ServeCase {
   int id = 0;
@@ -29,11 +33,16 @@ struct ServeCase {
   int64_t max_position = 0;  // rows of the fp32 table cache
   ServeCache cache = ServeCache::kBf16;
   ServeLayout layout = ServeLayout::kNhd;
+  // The q-fp8 cases (fp8 caches only): kvrope writes RoPE(q) to AppendParams::query_out_fp8 [T, Hq, D] as
+  // fp8_satfinite(x / kServeQueryScale), what fp8 attention reads, q left as it was; else q is rotated in place.
+  bool query_fp8 = false;
 
   int64_t tokens() const { return seqs * tokens_per_seq; }
   int64_t pages_per_seq() const { return s_max / page_size; }
   int64_t pages() const { return seqs * pages_per_seq(); }
   int64_t cache_elem_bytes() const { return cache == ServeCache::kBf16 ? 2 : 1; }
+  int64_t query_out_elem_bytes() const { return query_fp8 ? 1 : 2; }  // the rotated q as written
+  const char* cache_label() const { return serve_cache_label(cache, query_fp8); }
   // "8x512", "T=256": the shape, for tables.
   std::string shape() const {
     return decode ? "T=" + std::to_string(seqs) : std::to_string(seqs) + "x" + std::to_string(tokens_per_seq);
@@ -46,9 +55,14 @@ constexpr std::pair<int64_t, int64_t> kServePrefillShapes[] = {{8, 512}, {1, 204
 constexpr int64_t kServeQueryHeads[] = {32, 64};
 // The fp8 caches' per-tensor scales (stored = fp8_satfinite(x / scale)): k and v differ, so that a swap shows.
 constexpr float kServeKeyScale = 0.0125f, kServeValueScale = 0.015f;
+// The q-fp8 cases' per-tensor query scale (query_out_fp8 = fp8_satfinite(RoPE(q) / scale)): unlike k's and v's,
+// so that a swap shows; N(0, 1) rows / 0.02 stay well inside e4m3's 448.
+constexpr float kServeQueryScale = 0.02f;
 
 //! Every case of a serve suite, numbered from 1: shapes in the order above, then Hq (32, 64), the cache (bf16,
-//! fp8 e4m3), the layout (NHD, HND). H = 8 and D = 128 unless heads / head_dim (> 0) override them.
+//! fp8 e4m3), the layout (NHD, HND). H = 8 and D = 128 unless heads / head_dim (> 0) override them. Then, after
+//! all of them (so that the ids above never change), every fp8-cache case again in the same order with q written
+//! in fp8 (query_fp8): decode 49-72, prefill 33-48.
 inline std::vector<ServeCase> serve_case_table(bool decode, int64_t heads = 0, int64_t head_dim = 0) {
   std::vector<std::pair<int64_t, int64_t>> shapes;
   if (decode) {
@@ -78,17 +92,28 @@ inline std::vector<ServeCase> serve_case_table(bool decode, int64_t heads = 0, i
       }
     }
   }
+  // The q-fp8 cases: the fp8-cache cases again, q written in fp8 (FlashInfer's fused fp8 kernel's work).
+  const size_t first_pass = cases.size();
+  for (size_t i = 0; i < first_pass; ++i) {
+    if (cases[i].cache != ServeCache::kFp8E4m3) continue;
+    ServeCase c = cases[i];
+    c.id = static_cast<int>(cases.size()) + 1;
+    c.query_fp8 = true;
+    cases.push_back(c);
+  }
   return cases;
 }
 
-//! Least bytes a call moves (docs/spec.md §6.5), q, k and v of 2 bytes: q read and written (2 Hq D), k and v
-//! read (2 H D), the cache rows written (2 H D in the cache's element), one fp32 row of the table cache (4 D),
-//! the position and the slot (8 + 8) a token; key_written (k rotated in place) adds H D.
+//! Least bytes a call moves (docs/spec.md §6.5), q, k and v of 2 bytes: q read and written (Hq D, written in 2
+//! bytes, or 1 for the q-fp8 cases), k and v read (2 H D), the cache rows written (2 H D in the cache's element),
+//! one fp32 row of the table cache (4 D), the position and the slot (8 + 8) a token; key_written (k rotated in
+//! place) adds H D.
 inline double serve_bytes(const ServeCase& c, bool key_written) {
   const double hq = static_cast<double>(c.query_heads), h = static_cast<double>(c.heads);
   const double d = static_cast<double>(c.head_dim), ce = static_cast<double>(c.cache_elem_bytes());
+  const double qe = static_cast<double>(c.query_out_elem_bytes());
   const double per_token =
-      2 * (2 * hq * d) + 2 * (2 * h * d) + ce * (2 * h * d) + 4 * d + 16 + (key_written ? 2 * h * d : 0);
+      (2 + qe) * (hq * d) + 2 * (2 * h * d) + ce * (2 * h * d) + 4 * d + 16 + (key_written ? 2 * h * d : 0);
   return per_token * static_cast<double>(c.tokens());
 }
 

@@ -34,7 +34,57 @@ struct ServeSummary {
 };
 
 inline std::string serve_config_name(const ServeCase& c) {
-  return "Hq " + std::to_string(c.query_heads) + " " + serve_cache_name(c.cache) + " " + serve_layout_name(c.layout);
+  return "Hq " + std::to_string(c.query_heads) + " " + c.cache_label() + " " + serve_layout_name(c.layout);
+}
+
+// Whether any case that ran writes q in fp8 (the q-fp8 cases, cache "fp8_e4m3+q8").
+inline bool serve_any_query_fp8(const Run& run) {
+  for (const auto& [id, cr] : run.serve_results)
+    if (!cr.variants.empty() && cr.sc.query_fp8) return true;
+  return false;
+}
+
+// The host-time line (measure_serve_host, --host_calls): "serve-host: kvrope call median us = X  empty launch
+// median us = Y  ratio = Z", then what was measured.
+inline void print_serve_host(const Run& run) {
+  const ServeHostTime& h = run.serve_host;
+  if (run.options.host_calls <= 0) return;
+  if (!h.measured) {
+    std::printf("serve-host: not measured: %s\n", h.error.c_str());
+    return;
+  }
+  std::printf(
+      "serve-host: kvrope call median us = %.3f  empty launch median us = %.3f  ratio = %.2f   (CPU time to "
+      "return, steady_clock; case %d: %s Hq %lld %s %s, k read only; %lld calls of each, stream synchronized every "
+      "%lld, untimed; warm, no graph, CUPTI tracing off; p10-p90 us: call %.3f-%.3f, empty %.3f-%.3f)\n",
+      h.call_median_us, h.empty_median_us, h.ratio(), h.sc.id, h.sc.shape().c_str(),
+      static_cast<long long>(h.sc.query_heads), h.sc.cache_label(), serve_layout_name(h.sc.layout),
+      static_cast<long long>(h.calls), static_cast<long long>(h.sync_every), h.call_p10_us, h.call_p90_us,
+      h.empty_p10_us, h.empty_p90_us);
+}
+
+// The JSON's "host_time" member, with its trailing ",\n".
+inline std::string serve_host_json(const Run& run) {
+  const ServeHostTime& h = run.serve_host;
+  if (run.options.host_calls <= 0) return "";
+  std::string j =
+      "  \"host_time\": {\"what\": \"CPU time (std::chrono::steady_clock) for one call to return, median; "
+      "warm device, no graph, CUPTI tracing off\", \"measured\": " +
+      json_bool(h.measured);
+  if (!h.measured) return j + ", \"error\": " + json_string(h.error) + "},\n";
+  return j + ", \"case\": " + std::to_string(h.sc.id) + ", \"shape\": " + json_string(h.sc.shape()) +
+         ", \"tokens\": " + std::to_string(h.sc.tokens()) + ", \"query_heads\": " + std::to_string(h.sc.query_heads) +
+         ", \"cache\": " + json_string(h.sc.cache_label()) +
+         ", \"layout\": " + json_string(serve_layout_name(h.sc.layout)) +
+         ", \"variant\": \"kvrope\", \"calls\": " + std::to_string(h.calls) +
+         ", \"sync_every\": " + std::to_string(h.sync_every) +
+         ", \"kvrope_call_median_us\": " + json_number(h.call_median_us) +
+         ", \"kvrope_call_p10_us\": " + json_number(h.call_p10_us) +
+         ", \"kvrope_call_p90_us\": " + json_number(h.call_p90_us) +
+         ", \"empty_launch_median_us\": " + json_number(h.empty_median_us) +
+         ", \"empty_launch_p10_us\": " + json_number(h.empty_p10_us) +
+         ", \"empty_launch_p90_us\": " + json_number(h.empty_p90_us) + ", \"ratio\": " + json_number(h.ratio()) +
+         "},\n";
 }
 
 inline ServeSummary summarize_serve(const Run& run) {
@@ -77,6 +127,12 @@ inline void print_serve_summary(const Run& run, const ServeSummary& s) {
       "q rotated in place; kvrope: k read only; kvrope_kip and naive: k rotated in place; times are CUPTI "
       "medians in us\n",
       suite_name(o.suite), run.device.name.c_str());
+  if (serve_any_query_fp8(run))
+    std::printf(
+        "q-fp8 cases (cache fp8_e4m3+q8): kvrope and kvrope_kip write RoPE(q) to query_out_fp8 in fp8 e4m3 "
+        "(scale %g), q left as it was; floors count q written in 1 byte; naive: as on the fp8_e4m3 case (q in "
+        "place in bf16: it has no fp8 q)\n",
+        static_cast<double>(kServeQueryScale));
   std::printf("%4s %8s %3s %8s %3s | %8s %8s %8s | %7s %7s %8s | %7s %7s %7s %6s%s | %8s %8s | %s\n", "case", "shape",
               "Hq", "cache", "lay", "kvrope", "kip", "naive", "floor", "fl_kip", "MB", "k/fl", "kip/flk", "n/flk",
               "n/k", decode ? " k/(fl+em)" : "", "k_ev", "naive_ev", "check");
@@ -88,7 +144,7 @@ inline void print_serve_summary(const Run& run, const ServeSummary& s) {
     const double kt = k ? k->median_us : nan, kipt = kip ? kip->median_us : nan, nt = n ? n->median_us : nan;
     const char* check = cr.checks == 0 ? "-" : cr.check_failure.empty() ? "ok" : "FAILED";
     std::printf("%4d %8s %3lld %8s %3s | %8s %8s %8s | %7s %7s %8s | %7s %7s %7s %6s%s | %8s %8s | %s\n", id,
-                cr.sc.shape().c_str(), static_cast<long long>(cr.sc.query_heads), serve_cache_name(cr.sc.cache),
+                cr.sc.shape().c_str(), static_cast<long long>(cr.sc.query_heads), cr.sc.cache_label(),
                 serve_layout_name(cr.sc.layout), fmt("%.2f", kt).c_str(), fmt("%.2f", kipt).c_str(),
                 fmt("%.2f", nt).c_str(), fmt("%.2f", cr.floor_us).c_str(), fmt("%.2f", cr.floor_kip_us).c_str(),
                 fmt("%.3f", cr.bytes * 1e-6).c_str(), fmt("%.3f", kt / cr.floor_us).c_str(),
@@ -158,6 +214,7 @@ inline void print_serve_summary(const Run& run, const ServeSummary& s) {
   }
   for (const auto& [id, cr] : run.serve_results)
     if (!cr.check_note.empty()) std::printf("check note (within tolerance): %s\n", cr.check_note.c_str());
+  print_serve_host(run);
   std::printf("\narithmetic means over the %d case(s) that ran (CUPTI medians, us):\n", s.cases);
   means(false);
 }
@@ -178,7 +235,8 @@ inline void write_serve_json(const Run& run, const ServeSummary& s, const std::s
        ", \"dtype\": \"bf16\", \"qkv\": \"views of one packed [T, (Hq + 2 H) D]\", \"page_size\": 16, "
        "\"positions\": \"int64, position in the sequence\", \"table\": \"fp32 [max_position, D]\", "
        "\"fp8_scales\": [" +
-       json_number(kServeKeyScale) + ", " + json_number(kServeValueScale) + "], \"iters\": " + std::to_string(o.iters) +
+       json_number(kServeKeyScale) + ", " + json_number(kServeValueScale) +
+       "], \"query_fp8_scale\": " + json_number(kServeQueryScale) + ", \"iters\": " + std::to_string(o.iters) +
        ", \"warmup\": " + std::to_string(o.warmup) + ", \"check\": " + json_bool(o.check) +
        ", \"seed\": " + std::to_string(o.seed) + ", \"primer\": " + json_bool(o.primer) +
        ", \"naive_first\": " + json_bool(o.naive_first) + ", \"flush\": \"" + (o.flush_reads ? "read" : "write") +
@@ -196,10 +254,10 @@ inline void write_serve_json(const Run& run, const ServeSummary& s, const std::s
          ", \"tokens\": " + std::to_string(c.tokens()) + ", \"s_max\": " + std::to_string(c.s_max) +
          ", \"query_heads\": " + std::to_string(c.query_heads) + ", \"heads\": " + std::to_string(c.heads) +
          ", \"head_dim\": " + std::to_string(c.head_dim) + ", \"cache\": " + json_string(serve_cache_name(c.cache)) +
-         ", \"layout\": " + json_string(serve_layout_name(c.layout)) + ", \"pages\": " + std::to_string(c.pages()) +
-         ", \"bytes\": " + json_number(cr.bytes) + ", \"bytes_key_written\": " + json_number(cr.bytes_kip) +
-         ", \"floor_us\": " + json_number(cr.floor_us) + ", \"floor_key_written_us\": " + json_number(cr.floor_kip_us) +
-         ", \"check\": " +
+         ", \"query_fp8\": " + json_bool(c.query_fp8) + ", \"layout\": " + json_string(serve_layout_name(c.layout)) +
+         ", \"pages\": " + std::to_string(c.pages()) + ", \"bytes\": " + json_number(cr.bytes) +
+         ", \"bytes_key_written\": " + json_number(cr.bytes_kip) + ", \"floor_us\": " + json_number(cr.floor_us) +
+         ", \"floor_key_written_us\": " + json_number(cr.floor_kip_us) + ", \"check\": " +
          json_string(cr.checks == 0             ? "none"
                      : cr.check_failure.empty() ? "ok"
                                                 : cr.check_failure) +
@@ -218,6 +276,7 @@ inline void write_serve_json(const Run& run, const ServeSummary& s, const std::s
     j += "}}";
   }
   j += "\n  ],\n";
+  j += serve_host_json(run);
   auto means = [&](bool geo) {
     auto num = [&](const Means& m) { return json_number(geo ? m.geometric() : m.arithmetic()); };
     std::string m = "{\"cases\": " + std::to_string(s.cases);

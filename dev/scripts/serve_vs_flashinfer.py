@@ -7,6 +7,15 @@ each case with FlashInfer's fused bf16 (FI fused), fused fp8 (FI fp8) and rope +
 (k read only) and its ratios to FlashInfer's fastest single launch (FI1) and to its two launches (FI2), then the
 geomeans and the worst ratios.
 
+Then, per suite, kvrope against FlashInfer doing the same work (the "same work" lines): its fused bf16 kernel
+on the bf16 cases it applies to (Hq 64 NHD), its fused fp8 kernel on the q-fp8 cases (cache fp8_e4m3+q8: q
+written in fp8 by both), its rope + append pair on the other bf16 cases; the fp8-cache cases with q in bf16 have
+no FlashInfer counterpart (its fp8 kernel writes q in fp8) and are left out. Geomean and max of kvrope / that
+time, and the kind by kind geomeans; kvrope's time / (floor + one empty kernel) for decode (the bench log's
+k/(fl+em) column) and time / floor for prefill cases of 64 MB or more (k/fl), geomean and max; and for decode
+T <= 32, kvrope's q-fp8 case minus its bf16 twin (same T, Hq, layout), in us, beside FlashInfer's same-work
+difference. A bench case missing from the FlashInfer log (an older log) is listed and left out.
+
     python3 dev/scripts/serve_vs_flashinfer.py FLASHINFER_COMPARE.log SERVE_DECODE.log SERVE_PREFILL.log [--plot PNG]
 
 --plot draws each suite's cases (log scale): kvrope, FlashInfer's fastest single launch and its rope + append as
@@ -35,11 +44,29 @@ def main(fi_log, *bench_logs):
     fi = table(fi_log, r"(?P<suite>serve-(?:decode|prefill)) +(?P<case>\d+) +(?P<shape>\S+) +(?P<hq>\d+) +(?P<cache>\S+)"
                r" +(?P<lay>\S+) +(?P<mb>[\d.]+) \| +(?P<fused>\S+) +(?P<fp8>\S+) +(?P<two>\S+) \|")
     out = []
+    extra = {}  # (suite, case): the bench row's MB, k/fl and (decode) k/(fl+em) columns
+    missing = []
     for log in bench_logs:
         suite = "serve-decode" if "suite serve-decode" in open(log).read() else "serve-prefill"
-        row = r" *(?P<case>\d+) +\S+ +\d+ +\S+ +\S+ \| +(?P<kv>[\d.]+) +\S+ +\S+ \| +(?P<floor>[\d.]+) "
+        # kvrope_bench's summary row: case shape Hq cache lay | kvrope kip naive | floor fl_kip MB | k/fl kip/flk
+        # n/flk n/k [k/(fl+em), decode only] | ...
+        row = (r" *(?P<case>\d+) +(?P<shape>\S+) +(?P<hq>\d+) +(?P<cache>\S+) +(?P<lay>\S+)"
+               r" \| +(?P<kv>[\d.]+) +\S+ +\S+"
+               r" \| +(?P<floor>[\d.]+) +\S+ +(?P<mb>[\d.]+)"
+               r" \| +(?P<kfl>\S+) +\S+ +\S+ +\S+(?: +(?P<kfle>\S+))? \|")
         for (_, case), m in table(log, row).items():
-            out.append((suite, case, fi[(suite, case)], float(m.group("kv")), float(m.group("floor"))))
+            f = fi.get((suite, case))
+            if f is None:
+                missing.append((suite, case, ""))
+                continue
+            if (f.group("shape"), f.group("hq"), f.group("cache"), f.group("lay")) != (
+                    m.group("shape"), m.group("hq"), m.group("cache"), m.group("lay")):
+                missing.append((suite, case, f" (FlashInfer's case {case} is another: {f.group('shape')} Hq "
+                                             f"{f.group('hq')} {f.group('cache')} {f.group('lay')})"))
+                continue
+            out.append((suite, case, f, float(m.group("kv")), float(m.group("floor"))))
+            extra[(suite, case)] = (float(m.group("mb")), float(m.group("kfl")),
+                                    float(m.group("kfle")) if m.group("kfle") else None)
     print(f"{'suite':13} {'case':>4} {'shape':>7} {'Hq':>3} {'cache':>8} {'lay':>3} | {'FI fused':>8} {'FI fp8':>8}"
           f" {'FI r+a':>8} | {'kvrope':>8} | {'k/FI1':>6} {'k/FI2':>6}")
     ratios = {}
@@ -63,7 +90,83 @@ def main(fi_log, *bench_logs):
         print(f"{suite} kvrope / FlashInfer rope+append geomean = {g(r2):.3f} (over {len(r2)} cases), "
               f"range {min(r2):.3f}-{max(r2):.3f}")
         print(f"{suite} kvrope geomean us = {g([kv for *_, kv in rs]):.2f} (over {len(rs)} cases)")
+    if missing:
+        print("left out (no matching FlashInfer row): " +
+              "; ".join(f"{suite} {', '.join(id_ranges([c for s, c, _ in missing if s == suite]))}"
+                        for suite in sorted({s for s, _, _ in missing})) +
+              "".join(f"; {suite} {case}{why}" for suite, case, why in missing if why))
+    same_work_summary(out, extra)
     return out
+
+
+def id_ranges(ids):
+    """Case ids as runs: [1, 2, 3, 7] -> ["1-3", "7"]."""
+    runs = []
+    for i in sorted(ids):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return [f"{a}-{b}" if b > a else f"{a}" for a, b in runs]
+
+
+def same_work(f):
+    """FlashInfer's launch doing a case's work, as (time, kind), or (None, why): its fused bf16 kernel where
+    timed (bf16, Hq 64 NHD), its fused fp8 kernel on the q-fp8 cases, its rope + append pair on the other bf16
+    cases; none for the fp8-cache cases with q in bf16."""
+    cache = f.group("cache")
+    fused, fp8, two = num(f.group("fused")), num(f.group("fp8")), num(f.group("two"))
+    if cache.endswith("+q8"):
+        return fp8, "fp8 kernel"
+    if cache == "bf16":
+        return (fused, "fused bf16") if fused is not None else (two, "rope+append")
+    return None, "none (q in bf16, fp8 cache)"
+
+
+def same_work_summary(out, extra):
+    """The "same work" lines (the module docstring), per suite."""
+    g = lambda v: math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
+    print()
+    for suite in sorted({o[0] for o in out}):
+        rows = [o for o in out if o[0] == suite]
+        ratios, kinds = [], {}
+        for _, case, f, kv, _ in rows:
+            t, kind = same_work(f)
+            if t:
+                ratios.append((kv / t, case))
+                kinds.setdefault(kind, []).append(kv / t)
+        if ratios:
+            worst = max(ratios)
+            print(f"{suite} kvrope / FlashInfer same work geomean = {g([r for r, _ in ratios]):.3f} "
+                  f"(over {len(ratios)} of {len(rows)} cases), max = {worst[0]:.3f} (case {worst[1]})")
+            print(f"{suite} kvrope / FlashInfer same work by kind: " +
+                  "; ".join(f"{k} {g(v):.3f} geomean, {max(v):.3f} max ({len(v)} cases)" for k, v in kinds.items()))
+        if suite == "serve-decode":
+            xe = [(extra[(suite, case)][2], case) for _, case, *_ in rows if extra[(suite, case)][2] is not None]
+            if xe:
+                worst = max(xe)
+                print(f"{suite} kvrope / (floor + empty kernel) geomean = {g([x for x, _ in xe]):.3f} (over {len(xe)} "
+                      f"cases), max = {worst[0]:.3f} (case {worst[1]})")
+        else:
+            xl = [(extra[(suite, case)][1], case) for _, case, *_ in rows if extra[(suite, case)][0] >= 64.0]
+            if xl:
+                worst = max(xl)
+                print(f"{suite} kvrope / floor geomean (>= 64 MB) = {g([x for x, _ in xl]):.3f} "
+                      f"(over {len(xl)} cases), max = {worst[0]:.3f} (case {worst[1]})")
+        if suite != "serve-decode":
+            continue
+        # T <= 32: the q-fp8 case against its bf16 twin (same T, Hq, layout).
+        bf16 = {(f.group("shape"), f.group("hq"), f.group("lay")): (case, f, kv) for _, case, f, kv, _ in rows
+                if f.group("cache") == "bf16"}
+        for _, case, f, kv, _ in rows:
+            key = (f.group("shape"), f.group("hq"), f.group("lay"))
+            if not f.group("cache").endswith("+q8") or int(f.group("shape").split("=")[1]) > 32 or key not in bf16:
+                continue
+            twin, fb, kvb = bf16[key]
+            fi_q8, fi_b = same_work(f)[0], same_work(fb)[0]
+            fi_diff = f"{fi_q8 - fi_b:+.2f} us ({fi_q8:.2f} - {fi_b:.2f})" if fi_q8 and fi_b else "-"
+            print(f"{suite} {key[0]} Hq {key[1]} {key[2]}: q-fp8 minus bf16 (case {case} - case {twin}): kvrope "
+                  f"{kv - kvb:+.2f} us ({kv:.2f} - {kvb:.2f}); FlashInfer same work {fi_diff}")
 
 
 def plot(out, path):
