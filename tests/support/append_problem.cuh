@@ -252,7 +252,7 @@ struct AppendProblem {
       q_out8 = DeviceBuffer<__nv_fp8_e4m3>(Hq ? tokens_of(Hq) : 0);
     else if (c.query_out)
       q_out = DeviceBuffer<T>(Hq ? tokens_of(Hq) : 0);
-    if (c.query_fp8 && c.scales != Scales::kNone) {
+    if (c.query_fp8 && Hq > 0 && c.scales != Scales::kNone) {  // (no q rows: no fp8 q, so no scale)
       host_q_scale.push_back(std::uniform_real_distribution<float>(0.3f, 3.0f)(rng) * c.scale_magnitude);
       q_scale = DeviceBuffer<float>(1);
       KVROPE_CUDA_REQUIRE(cudaMemcpy(q_scale.get(), host_q_scale.data(), 4, cudaMemcpyHostToDevice));

@@ -21,22 +21,10 @@ struct UnitChunks {
   Vec<T, N> lo, hi;
 };
 
-//! The reciprocal of a scale, for quantized_quotient: 1 / scale in double, correctly rounded.
-__device__ __forceinline__ double scale_reciprocal(float scale) { return 1.0 / static_cast<double>(scale); }
-
-//! x / scale rounded to fp32, as the fp32 division gives it, without its per-element slow-path branch:
-//! double(x) times the double reciprocal is within 2^-52 of x / scale, and a quotient of two floats in
-//! the normal range is never within 2^-49 of a midpoint of fp32 values unless it is one, which it cannot
-//! be (its odd significand would need 25 bits), so one rounding to fp32 gives the correctly rounded
-//! quotient. (Subnormal fp32 quotients may differ; every fp8 format rounds them to zero.)
-__device__ __forceinline__ float quantized_quotient(float x, double inv_scale) {
-  return __double2float_rn(static_cast<double>(x) * inv_scale);
-}
-
 //! N values of T stored at `dst` as one access in E: E = T as they are; fp8 as
-//! fp8_satfinite(float(x) / scale) (docs/spec.md: the scale divides), inv_scale = scale_reciprocal(scale).
+//! fp8_satfinite(float(x) / scale) (docs/spec.md: the scale divides, in fp32).
 template <typename E, typename T, int N>
-__device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, double inv_scale) {
+__device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, float scale) {
   if constexpr (std::is_same_v<E, T>) {
     store_vec(dst, x);
   } else {
@@ -47,7 +35,7 @@ __device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, double i
     uint8_t bytes[N];
 #pragma unroll
     for (int i = 0; i < N; ++i)
-      bytes[i] = __nv_cvt_float_to_fp8(quantized_quotient(f[i], inv_scale), __NV_SATFINITE, kKind);
+      bytes[i] = __nv_cvt_float_to_fp8(f[i] / scale, __NV_SATFINITE, kKind);
     if constexpr (N == 1) {
       *reinterpret_cast<uint8_t*>(dst) = bytes[0];
     } else {
@@ -61,9 +49,9 @@ __device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, double i
 
 //! A unit stored into the row at `row` (elements of E).
 template <typename E, typename T, int N>
-__device__ __forceinline__ void store_unit(E* row, const UnitPlace& pl, const UnitChunks<T, N>& x, double inv_scale) {
-  store_chunk<E>(row + pl.lo, x.lo, inv_scale);
-  store_chunk<E>(row + pl.hi, x.hi, inv_scale);
+__device__ __forceinline__ void store_unit(E* row, const UnitPlace& pl, const UnitChunks<T, N>& x, float scale) {
+  store_chunk<E>(row + pl.lo, x.lo, scale);
+  store_chunk<E>(row + pl.hi, x.hi, scale);
 }
 
 //! The scale of head `head`'s rows in a cache (1 for caches in T and for a null scale).

@@ -18,8 +18,8 @@ namespace kvrope::detail {
 //! The few-token path (vector chunks, a lane one unit): g.token_warps warps a token, rows
 //! j = w (32 / lanes) + lane / lanes of its warp w. Nothing staged and no barrier, so a row's longest
 //! chain is its position, then its table row, then its stores. A warp with a k or v row scans the later
-//! tokens' slots for its token's (the last writer wins).
-template <typename T, typename C, int N>
+//! tokens' slots for its token's (the last writer wins). kQ8: the instance can write q in fp8.
+template <typename T, typename C, int N, bool kQ8>
 __global__ void __launch_bounds__(kAppendTokenBlockThreads) append_token_kernel(const AppendArgs<T, C> a,
                                                                                 const AppendGeometry g) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads) append_token_kernel(
   AppendRowContext<T, C> ctx;
   const unsigned char* table = static_cast<const unsigned char*>(a.table) + p * append_table_bytes(a);
   if (row_context(a, r, table, p < 0 ? -2 : in_range ? slot : -1, scales, ctx))
-    finish_row<T, C, N>(a, g.lanes, ctx, pl, active, x);
+    finish_row<T, C, N, kQ8>(a, g.lanes, ctx, pl, active, x);
 }
 
 //! The tile path. A block takes tiles (g.tile_tokens consecutive tokens, or a one-token tile's share of
@@ -60,8 +60,8 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads) append_token_kernel(
 //! rows. kRings (vector chunks of 16 bytes, a lane one unit): a ring of kAppendRowStages rows a group in
 //! shared memory, filled by cp.async, the next rows loading while the current one is finished (the first
 //! ones while the tile is staged). Else each lane loops over the units of its row (the norm then reads
-//! the row twice).
-template <typename T, typename C, int N, bool kRings>
+//! the row twice). kQ8: the instance can write q in fp8 (query_out_fp8).
+template <typename T, typename C, int N, bool kRings, bool kQ8>
 __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) append_tile_kernel(const AppendArgs<T, C> a,
                                                                                              const AppendGeometry g) {
   extern __shared__ __align__(16) unsigned char shared[];
@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) appen
           memcpy(&x.hi, &hi, 16);
         }
         AppendRowContext<T, C> ctx;
-        if (row_context(a, g, tl, tile_row(a, g, tl, r), scales, ctx)) finish_row<T, C, N>(a, lanes, ctx, pl, active, x);
+        if (row_context(a, g, tl, tile_row(a, g, tl, r), scales, ctx))
+          finish_row<T, C, N, kQ8>(a, lanes, ctx, pl, active, x);
         stage = stage + 1 == kStages ? 0 : stage + 1;
       }
     } else {
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) appen
           const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, g.rotary_units, u);
           UnitChunks<T, N> y = load_chunks<T, N>(src, pl);
           finish_unit<T, C, N>(a, ctx, pl, y);
-          store_row_unit<T, C, N>(a, ctx, pl, y);
+          store_row_unit<T, C, N, kQ8>(a, ctx, pl, y);
         }
       }
     }

@@ -24,9 +24,14 @@ Status launch_append(const AppendArgs<T, C>& a, cudaStream_t stream, AppendPlan*
   AppendPlan plan{};
   int sms = 0, resident = 0;
   using Kernel = void (*)(AppendArgs<T, C>, AppendGeometry);
-  Kernel kernel = append_token_kernel<T, C, kWide>;
+  // Instances by path and chunk, and on the vector paths whether q goes out in fp8; the scalar path
+  // decides that at run time.
+  const bool q8 = a.q_out_fp8.data != nullptr;
+  Kernel kernel = q8 ? append_token_kernel<T, C, kWide, true> : append_token_kernel<T, C, kWide, false>;
   if (path == AppendPath::kTile) {
-    kernel = n == kWide ? append_tile_kernel<T, C, kWide, true> : append_tile_kernel<T, C, 1, false>;
+    kernel = n != kWide ? append_tile_kernel<T, C, 1, false, true>
+             : q8       ? append_tile_kernel<T, C, kWide, true, true>
+                        : append_tile_kernel<T, C, kWide, true, false>;
     int device = 0;
     if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
     if (Status s = multiprocessors(device, &sms); !s) return s;

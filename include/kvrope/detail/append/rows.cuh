@@ -74,19 +74,19 @@ __device__ __forceinline__ float unit_square_sum(const UnitChunks<T, N>& x) {
   return s;
 }
 
-//! The reciprocals of the per-tensor scales a row is stored with (q out in fp8, the fp8 caches; 1
-//! elsewhere), computed once a thread (scale_reciprocal).
+//! The per-tensor scales a row is stored with (q out in fp8, the fp8 caches; 1 elsewhere), loaded once
+//! a thread, off the rows' chains.
 struct CallScales {
-  double q, k, v;
+  float q, k, v;
 };
 
 template <typename T, typename C>
 __device__ __forceinline__ CallScales call_scales(const AppendArgs<T, C>& a) {
-  CallScales s{1.0, 1.0, 1.0};
-  if (a.q_out_fp8.data != nullptr && a.q_scale != nullptr) s.q = scale_reciprocal(*a.q_scale);
+  CallScales s{1.0f, 1.0f, 1.0f};
+  if (a.q_out_fp8.data != nullptr && a.q_scale != nullptr) s.q = *a.q_scale;
   if constexpr (kIsFp8<C>) {
-    if (!a.k_cache.per_head) s.k = scale_reciprocal(head_scale(a.k_cache, 0));
-    if (!a.v_cache.per_head) s.v = scale_reciprocal(head_scale(a.v_cache, 0));
+    if (!a.k_cache.per_head) s.k = head_scale(a.k_cache, 0);
+    if (!a.v_cache.per_head) s.v = head_scale(a.v_cache, 0);
   }
   return s;
 }
@@ -97,7 +97,7 @@ struct AppendRowContext {
   AppendRow r;
   const unsigned char* table;  // the token's table row
   C* cache_row;                // the cache row to write, or null
-  double inv_scale;            // reciprocal of the scale of what the row stores (fp8 q or cache rows)
+  float scale;                 // the scale of what the row stores (fp8 q or cache rows)
   const T* norm;               // the norm weights, or null
   float inv_rms;               // the row's norm factor
 };
@@ -111,13 +111,13 @@ __device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const App
   if (slot == -2) return false;
   ctx.table = table;
   ctx.cache_row = nullptr;
-  ctx.inv_scale = r.kind == RowKind::kQuery ? scales.q : r.kind == RowKind::kKey ? scales.k : scales.v;
+  ctx.scale = r.kind == RowKind::kQuery ? scales.q : r.kind == RowKind::kKey ? scales.k : scales.v;
   if (r.kind != RowKind::kQuery && slot >= 0) {
     uint64_t offset = 0;
     const uint64_t page = a.div_page.divmod(static_cast<uint64_t>(slot), offset);
     const CacheRows<C>& cache = r.kind == RowKind::kKey ? a.k_cache : a.v_cache;
     ctx.cache_row = cache.rows.row(static_cast<int64_t>(page), static_cast<int64_t>(offset), r.head);
-    if (kIsFp8<C> && cache.per_head) ctx.inv_scale = scale_reciprocal(head_scale(cache, r.head));
+    if (kIsFp8<C> && cache.per_head) ctx.scale = head_scale(cache, r.head);
   }
   ctx.norm = r.kind == RowKind::kQuery ? a.q_norm : r.kind == RowKind::kKey ? a.k_norm : nullptr;
   ctx.inv_rms = 1.0f;
@@ -219,34 +219,35 @@ __device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const App
   x.hi = Vec<T, N>::from_float(f.hi);
 }
 
-//! Stores a finished unit wherever its row goes, each destination through its type's store path.
-template <typename T, typename C, int N>
+//! Stores a finished unit wherever its row goes, each destination through its type's store path. kQ8:
+//! q may go out in fp8 (else the instance has no fp8 q store: the calls without it pay nothing for it).
+template <typename T, typename C, int N, bool kQ8 = true>
 __device__ __forceinline__ void store_row_unit(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
                                                const UnitPlace& pl, const UnitChunks<T, N>& x) {
   const AppendRow& r = ctx.r;
   if (r.kind == RowKind::kQuery) {
-    if (a.q_out_fp8.data != nullptr)
-      store_unit(a.q_out_fp8.row(r.token, r.head), pl, x, ctx.inv_scale);
+    if (kQ8 && a.q_out_fp8.data != nullptr)
+      store_unit(a.q_out_fp8.row(r.token, r.head), pl, x, ctx.scale);
     else
-      store_unit(a.q_out.row(r.token, r.head), pl, x, 1.0);
+      store_unit(a.q_out.row(r.token, r.head), pl, x, 1.0f);
     return;
   }
   if (r.kind == RowKind::kKey) {
-    if (a.k_out.data != nullptr) store_unit(a.k_out.row(r.token, r.head), pl, x, 1.0);
-    if (a.k_back.data != nullptr) store_unit(a.k_back.row(r.token, r.head), pl, x, 1.0);
+    if (a.k_out.data != nullptr) store_unit(a.k_out.row(r.token, r.head), pl, x, 1.0f);
+    if (a.k_back.data != nullptr) store_unit(a.k_back.row(r.token, r.head), pl, x, 1.0f);
   }
-  if (ctx.cache_row != nullptr) store_unit(ctx.cache_row, pl, x, ctx.inv_scale);
+  if (ctx.cache_row != nullptr) store_unit(ctx.cache_row, pl, x, ctx.scale);
 }
 
 //! Finishes and stores a row from the unit `lane` holds (every lane of the row's group: the norm's sum
 //! is a group shuffle).
-template <typename T, typename C, int N>
+template <typename T, typename C, int N, bool kQ8>
 __device__ __forceinline__ void finish_row(const AppendArgs<T, C>& a, int lanes, AppendRowContext<T, C>& ctx,
                                            const UnitPlace& pl, bool active, UnitChunks<T, N>& x) {
   if (ctx.norm != nullptr) ctx.inv_rms = row_inv_rms(a, group_sum(active ? unit_square_sum(x) : 0.0f, lanes));
   if (active) {
     finish_unit<T, C, N>(a, ctx, pl, x);
-    store_row_unit<T, C, N>(a, ctx, pl, x);
+    store_row_unit<T, C, N, kQ8>(a, ctx, pl, x);
   }
 }
 
