@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The closing GPU call of an append change, from the repository root on the GPU machine, within one
+# 600 s call: builds this tree (tests, bench), a base tree's bench (BASE/src, carried), the PyTorch package
+# and FlashInfer's JIT modules (the last two in the background); runs the append GPU tests, the random
+# test (RANDOM_CONFIGS), the four compute-sanitizer tools over the append tests, the A/B of the base and
+# this tree on the serve suites (the base's cases), the backward's leaderboard and the forward suite, this
+# tree's serve suites checked (all cases, the host time), pytest, and bench/flashinfer_compare.py with
+# dev/scripts/serve_vs_flashinfer.py. Logs in $OUT/logs.tar.gz, the summary in $OUT/summary.txt.
+# Carry .deps, peers and BASE.
+set -uo pipefail
+source .deps/gpu-env.sh
+out=${OUT:-out}
+logs=$out/logs
+mkdir -p "$logs"
+base=${BASE:-build-base}
+iters=${ITERS:-50}
+summary=()
+left() { echo $((${DEADLINE:-560} - SECONDS)); }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
+source dev/scripts/flashinfer_setup.sh > "$logs/fi_setup.log" 2>&1
+cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
+(cmake -S "$base/src" -B "$base/b" "${cfg[@]}" > "$logs/base_configure.log" 2>&1 &&
+  cmake --build "$base/b" --target kvrope_bench -j 3 > "$logs/base_build.log" 2>&1
+echo $? > /tmp/base.rc) &
+base_pid=$!
+(TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=3 timeout 400 python3 -m pip install --no-build-isolation --no-deps ./python \
+  > "$logs/package.log" 2>&1; echo $? > /tmp/package.rc) &
+(timeout 300 python3 -u bench/flashinfer_compare.py --build-only > "$logs/fi_build.log" 2>&1; echo $? > /tmp/fi.rc) &
+fi_pid=$!
+cmake -S . -B build-gpu "${cfg[@]}" > "$logs/configure.log" 2>&1 &&
+  cmake --build build-gpu -j 9 --target kvrope_bench gpu_append gpu_append_random > "$logs/build.log" 2>&1
+summary+=("build: rc $? ($SECONDS s)")
+timeout 120 build-gpu/tests/gpu/gpu_append > "$logs/gpu_append.log" 2>&1
+summary+=("gpu_append: rc $? ($(tail -n 2 "$logs/gpu_append.log" | head -n 1)) ($SECONDS s)")
+KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} timeout 150 build-gpu/tests/gpu/gpu_append_random > "$logs/append_random.log" 2>&1
+summary+=("append_random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$logs/append_random.log" | head -n 1)) ($SECONDS s)")
+SANITIZE_TIMEOUT=150 JOBS=12 BINARIES='gpu_append*' timeout 200 dev/scripts/sanitize_all.sh build-gpu /tmp/san \
+  > "$logs/sanitize.txt" 2>&1
+summary+=("sanitize (append tests, 4 tools): rc $? ($(tail -n 1 "$logs/sanitize.txt")) ($SECONDS s)")
+grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san/*.log 2>/dev/null | sort | uniq -c > "$logs/sanitize_summaries.txt"
+wait $base_pid $fi_pid  # (the package may still be building: pytest comes last)
+summary+=("base build: rc $(cat /tmp/base.rc) flashinfer JIT: rc $(cat /tmp/fi.rc) ($SECONDS s)")
+# A/B, unchecked, base then this tree: serve suites on the base's cases, the backward, the forward.
+for s in serve-decode serve-prefill leaderboard forward; do
+  args=(--iters=$iters --no_check)
+  case $s in
+    serve-decode) args+=(--variants=kvrope,kvrope_kip --cases=$(seq -s, 1 48)) ;;
+    serve-prefill) args+=(--variants=kvrope,kvrope_kip --cases=$(seq -s, 1 32)) ;;
+    leaderboard) args+=(--variants=fused,inplace) ;;
+    forward) args+=(--variants=fwd) ;;
+  esac
+  for side in base new; do
+    bench=build-gpu/bench/kvrope_bench
+    [[ $side == base ]] && bench=$base/b/bench/kvrope_bench
+    timeout 100 "$bench" --suite=$s "${args[@]}" --kvrope_json="$logs/ab_${side}_$s.json" > "$logs/ab_${side}_$s.log" 2>&1
+    summary+=("ab $side $s: rc $? ($SECONDS s)")
+  done
+done
+for s in serve-decode serve-prefill; do
+  timeout 150 build-gpu/bench/kvrope_bench --suite=$s --iters=$iters --kvrope_json="$logs/$s.json" > "$logs/$s.log" 2>&1
+  summary+=("$s checked: rc $? ($SECONDS s)")
+done
+if (($(left) > 150)); then
+  timeout $(($(left) - 90)) python3 -u bench/flashinfer_compare.py --iters $iters --json "$logs/flashinfer_compare.json" \
+    > "$logs/flashinfer_compare.log" 2>&1
+  summary+=("compare: rc $? ($SECONDS s)")
+  python3 dev/scripts/serve_vs_flashinfer.py "$logs/flashinfer_compare.log" "$logs/serve-decode.log" \
+    "$logs/serve-prefill.log" > "$logs/serve_vs_flashinfer.txt" 2>&1
+fi
+wait
+summary+=("package build: rc $(cat /tmp/package.rc) ($SECONDS s)")
+if (($(left) > 30)); then
+  timeout $(($(left) - 10)) python3 -m pytest python/tests -q -rs -x > "$logs/pytest.log" 2>&1
+  summary+=("pytest: rc $? ($(tail -n 1 "$logs/pytest.log")) ($SECONDS s)")
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv,noheader | tee -a "$logs/gpu.txt"
+{
+  cat "$logs/gpu.txt"
+  for f in "$logs"/ab_*.log "$logs"/serve-*.log; do
+    [[ -f $f ]] && grep -HE "^[a-z_]+ geomean us|/floor geomean|floor\+empty\) geomean|CHECK FAILED|SM clock|serve-host|check:" "$f" |
+      grep -v event | sed "s|$logs/||"
+  done
+  grep -E 'geomean|max' "$logs/serve_vs_flashinfer.txt" 2>/dev/null
+  cat "$logs/sanitize_summaries.txt"
+  printf '%s\n' "${summary[@]}"
+} > "$out/summary.txt"
+tar -czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"
+cat "$out/summary.txt"
