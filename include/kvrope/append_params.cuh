@@ -89,16 +89,16 @@ struct AppendParams {
   int64_t rotary_dim = 0;   //!< R, even, 0 < R <= D (0: R = D); elements R..D-1 pass through
   RotaryStyle style = RotaryStyle::kRotateHalf;
 
-  TokenHeads<T> query;        //!< q [T, Hq, D]: read, rotated in place unless query_out or query_out_fp8 is given
-  TokenHeads<T> query_out;    //!< optional [T, Hq, D]: the rotated q, q left as it was
+  TokenHeads<T> query;      //!< q [T, Hq, D]: read, rotated in place unless query_out or query_out_fp8 is given
+  TokenHeads<T> query_out;  //!< optional [T, Hq, D]: the rotated q, q left as it was
   //! Optional [T, Hq, D] in fp8 e4m3, what fp8 attention reads: the rotated q (its pass-through dims
   //! too) as fp8_satfinite(x / query_scale), x rounded to T first; q left as it was. Excludes query_out.
   TokenHeads<__nv_fp8_e4m3> query_out_fp8;
   const float* query_scale = nullptr;  //!< device float: query_out_fp8's per-tensor scale; null means 1
-  TokenHeads<T> key;          //!< k [T, H, D]: read; written only with key_in_place
-  TokenHeads<T> key_out;      //!< optional [T, H, D]: the rotated k
-  bool key_in_place = false;  //!< write the rotated k back into key (vLLM); excludes key_out
-  TokenHeads<const T> value;  //!< v [T, H, D]
+  TokenHeads<T> key;                   //!< k [T, H, D]: read; written only with key_in_place
+  TokenHeads<T> key_out;               //!< optional [T, H, D]: the rotated k
+  bool key_in_place = false;           //!< write the rotated k back into key (vLLM); excludes key_out
+  TokenHeads<const T> value;           //!< v [T, H, D]
 
   const Pos* positions = nullptr;            //!< [T] device array: each token's row of the table cache
   const T* cos_sin_cache = nullptr;          //!< table cache [max_position, R] in T (cos in [0, R/2), sin in [R/2, R))

@@ -57,7 +57,8 @@ struct AppendConfig {
   int64_t k_pad = 0, v_pad = 0;  // extra elements after each cache row: the two caches' strides differ
   bool fused_qkv = false;        // q, k, v views of one qkv [T, (Hq + 2 H) D + token_pad]
   bool query_out = false;
-  bool query_fp8 = false;  // q written to query_out_fp8 (excludes query_out); its scale drawn as the caches' (kNone: null)
+  bool query_fp8 =
+      false;  // q written to query_out_fp8 (excludes query_out); its scale drawn as the caches' (kNone: null)
   KeyWrite key = KeyWrite::kOut;
   bool q_norm = false, k_norm = false, plus_one = false;
   float eps = 1e-6f;
@@ -77,11 +78,13 @@ struct AppendConfig {
        << (contiguous ? " contiguous" : "") << " k_cache=" << (k_cache == CacheKind::kNHD ? "NHD" : "HND") << "+"
        << k_pad << " v_cache=" << (v_cache == CacheKind::kNHD ? "NHD" : "HND") << "+" << v_pad
        << (fused_qkv ? " fused_qkv" : "")
-       << (query_fp8 ? " query_out_fp8" : query_out ? " query_out" : " q_in_place") << " " << name(key)
-       << (q_norm ? " q_norm" : "") << (k_norm ? " k_norm" : "") << (plus_one ? " plus_one" : "") << " eps=" << eps
-       << (table_f32 ? " table_f32" : " table_T") << " slots=" << name(slots) << (bad_positions ? " bad_positions" : "")
-       << " offset=" << offset << " token_pad=" << token_pad << " " << name(scales) << "x" << scale_magnitude
-       << " seed=" << seed;
+       << (query_fp8   ? " query_out_fp8"
+           : query_out ? " query_out"
+                       : " q_in_place")
+       << " " << name(key) << (q_norm ? " q_norm" : "") << (k_norm ? " k_norm" : "") << (plus_one ? " plus_one" : "")
+       << " eps=" << eps << (table_f32 ? " table_f32" : " table_T") << " slots=" << name(slots)
+       << (bad_positions ? " bad_positions" : "") << " offset=" << offset << " token_pad=" << token_pad << " "
+       << name(scales) << "x" << scale_magnitude << " seed=" << seed;
     return os.str();
   }
 };

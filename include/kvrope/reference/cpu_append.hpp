@@ -510,7 +510,8 @@ CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<
           for (int64_t d = 0; d < D; ++d) {
             const double g = fp8_decode(got[d], Fp8Format::kE4M3);
             if (!valid)
-              u.expect(got[d] == before[d], "query_out_fp8", token_at(t, i, d), g, fp8_decode(before[d], Fp8Format::kE4M3));
+              u.expect(got[d] == before[d], "query_out_fp8", token_at(t, i, d), g,
+                       fp8_decode(before[d], Fp8Format::kE4M3));
             else if (d >= R && !normed) {
               const uint8_t want = quantize<__nv_fp8_e4m3>(in.query.row(t, i)[d], qs);
               u.expect(got[d] == want, "query_out_fp8", token_at(t, i, d), g, fp8_decode(want, Fp8Format::kE4M3));

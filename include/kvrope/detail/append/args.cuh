@@ -52,19 +52,19 @@ struct AppendArgs {
 //! The plan's geometry (plan.cuh), what the kernels need of it. A token's rows are numbered j in
 //! [0, Hq + 2 H); a tile's rows r = (token in the tile) (Hq + 2 H) + j.
 struct AppendGeometry {
-  int units;                   // units a row: D / (2 N), N the elements of a chunk
-  int rotary_units;            // units of the rotated part: R / (2 N)
-  int lanes;                   // lanes a row (a group): a power of two, at most 32
-  FastDivmod div_rows;         // rows a token, Hq + 2 H: a tile's row -> (token, j)
-  int table_row_bytes;         // shared bytes of one staged table row: R elements, rounded up to 16
-  int table_copy_bytes;        // bytes one asynchronous copy of a table row moves: 16, 8, 4, or 2 (plain copies)
+  int units;             // units a row: D / (2 N), N the elements of a chunk
+  int rotary_units;      // units of the rotated part: R / (2 N)
+  int lanes;             // lanes a row (a group): a power of two, at most 32
+  FastDivmod div_rows;   // rows a token, Hq + 2 H: a tile's row -> (token, j)
+  int table_row_bytes;   // shared bytes of one staged table row: R elements, rounded up to 16
+  int table_copy_bytes;  // bytes one asynchronous copy of a table row moves: 16, 8, 4, or 2 (plain copies)
   // kTile:
-  int tile_tokens;   // tokens a tile: a block's unit of work, its tables and slots staged
-  int row_splits;    // blocks a tile's rows are split over (one-token tiles of a small call), else 1
-  int split_rows;    // rows each of them takes
-  int64_t tiles;     // ceil(T / tile_tokens) row_splits
-  int hash_slots;    // entries of a tile's slot table, a power of two >= 2 tile_tokens (0: no cache rows)
-  int ring_bytes;    // shared bytes of the groups' row rings after the staged state (0: none)
+  int tile_tokens;  // tokens a tile: a block's unit of work, its tables and slots staged
+  int row_splits;   // blocks a tile's rows are split over (one-token tiles of a small call), else 1
+  int split_rows;   // rows each of them takes
+  int64_t tiles;    // ceil(T / tile_tokens) row_splits
+  int hash_slots;   // entries of a tile's slot table, a power of two >= 2 tile_tokens (0: no cache rows)
+  int ring_bytes;   // shared bytes of the groups' row rings after the staged state (0: none)
   // kToken:
   int token_warps;             // warps a token
   FastDivmod div_token_warps;  // a warp -> its token

@@ -34,8 +34,7 @@ __device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, float sc
     x.to_float(f);
     uint8_t bytes[N];
 #pragma unroll
-    for (int i = 0; i < N; ++i)
-      bytes[i] = __nv_cvt_float_to_fp8(f[i] / scale, __NV_SATFINITE, kKind);
+    for (int i = 0; i < N; ++i) bytes[i] = __nv_cvt_float_to_fp8(f[i] / scale, __NV_SATFINITE, kKind);
     if constexpr (N == 1) {
       *reinterpret_cast<uint8_t*>(dst) = bytes[0];
     } else {

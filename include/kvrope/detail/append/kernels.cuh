@@ -20,8 +20,8 @@ namespace kvrope::detail {
 //! chain is its position, then its table row, then its stores. A warp with a k or v row scans the later
 //! tokens' slots for its token's (the last writer wins). kQ8: the instance can write q in fp8.
 template <typename T, typename C, int N, bool kQ8>
-__global__ void __launch_bounds__(kAppendTokenBlockThreads) append_token_kernel(const AppendArgs<T, C> a,
-                                                                                const AppendGeometry g) {
+__global__ void __launch_bounds__(kAppendTokenBlockThreads)
+    append_token_kernel(const AppendArgs<T, C> a, const AppendGeometry g) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const uint32_t warp = blockIdx.x * (kAppendTokenBlockThreads / 32) + threadIdx.x / 32;
   const int64_t token = g.div_token_warps.div32(warp);
@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads) append_token_kernel(
 //! ones while the tile is staged). Else each lane loops over the units of its row (the norm then reads
 //! the row twice). kQ8: the instance can write q in fp8 (query_out_fp8).
 template <typename T, typename C, int N, bool kRings, bool kQ8>
-__global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm) append_tile_kernel(const AppendArgs<T, C> a,
-                                                                                             const AppendGeometry g) {
+__global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm)
+    append_tile_kernel(const AppendArgs<T, C> a, const AppendGeometry g) {
   extern __shared__ __align__(16) unsigned char shared[];
   const TileLayout at = tile_layout(g.tile_tokens, g.hash_slots, g.table_row_bytes);
   const int lanes = g.lanes;

@@ -106,12 +106,12 @@ Status validate_append(const AppendParams<T, C, Pos>& p) {
       flat_layout("value_scale", p.value_scale, 4, p.value_scale ? scales : 0),
       flat_layout("query_scale", p.query_scale, 4, p.query_scale ? 1 : 0)};
   const std::array<Layout, 5> out{
-      q_in_place ? token_heads_layout("query", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query), p.query, q_tokens,
-                                      p.query_heads, d)
-      : q_fp8    ? token_heads_layout("query_out_fp8", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out_fp8),
-                                      p.query_out_fp8, q_tokens, p.query_heads, d)
-                 : token_heads_layout("query_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out), p.query_out, q_tokens,
-                                      p.query_heads, d),
+      q_in_place
+          ? token_heads_layout("query", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query), p.query, q_tokens, p.query_heads, d)
+      : q_fp8 ? token_heads_layout("query_out_fp8", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out_fp8), p.query_out_fp8,
+                                   q_tokens, p.query_heads, d)
+              : token_heads_layout("query_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out), p.query_out, q_tokens,
+                                   p.query_heads, d),
       p.key_in_place ? token_heads_layout("key", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key), p.key, kv_tokens, p.heads, d)
                      : token_heads_layout("key_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key_out), p.key_out,
                                           p.key_out.data ? kv_tokens : 0, p.heads, d),
