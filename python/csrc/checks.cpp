@@ -152,6 +152,33 @@ bool check_scale(const char* name, const at::Tensor& s, const Like& like, int64_
   return !one;
 }
 
+// The append's query_out: q's dtype, or float8_e4m3fn (what fp8 attention reads: kvrope's query_out_fp8);
+// q's shape, on its device, the last dim contiguous. An fp8 of another format is refused by name (the
+// kernel writes e4m3 only).
+void check_query_out(const at::Tensor& out, const at::Tensor& q, const Like& like) {
+  const auto t = out.scalar_type();
+  if (t != at::kFloat8_e4m3fn) {
+    TORCH_CHECK_TYPE(!c10::isFloat8Type(t), "kvrope: query_out is ", c10::toString(t),
+                     ": an fp8 query_out must be float8_e4m3fn");
+    return check_rows("query_out", out, like, q.sizes());
+  }
+  check_on_device("query_out", out, like);
+  TORCH_CHECK_VALUE(out.sizes() == q.sizes(), "kvrope: query_out has shape ", dims(out.sizes()), ", expected ",
+                    dims(q.sizes()));
+  check_last_dim("query_out", out);
+}
+
+// query_out's per-tensor scale (stored = fp8_satfinite(x / q_scale)): an fp8 query_out's only, float32,
+// one element on the device (the kernel reads it there: nothing synchronizes).
+void check_q_scale(const at::Tensor& s, const c10::optional<at::Tensor>& query_out, const Like& like) {
+  TORCH_CHECK_VALUE(query_out.has_value() && query_out->scalar_type() == at::kFloat8_e4m3fn,
+                    "kvrope: q_scale needs an fp8 query_out (float8_e4m3fn)");
+  TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "kvrope: q_scale must be float32, not ",
+                   c10::toString(s.scalar_type()));
+  check_on_device("q_scale", s, like);
+  TORCH_CHECK_VALUE(s.numel() == 1, "kvrope: q_scale must have one element, got ", dims(s.sizes()));
+}
+
 void check_error_flag(const c10::optional<at::Tensor>& flag, const Like& like) {
   if (!flag.has_value()) return;
   const at::Tensor& f = *flag;
@@ -173,11 +200,12 @@ CacheType check_append(AppendTensors& t) {
                       "kvrope: query must be [T, Hq, D] with T=", std::to_string(n), ", D=", std::to_string(d),
                       ", got ", dims(q.sizes()));
     check_rows("query", q, k, q.sizes());
-    if (t.query_out.has_value()) check_rows("query_out", *t.query_out, k, q.sizes());
+    if (t.query_out.has_value()) check_query_out(*t.query_out, q, k);
   } else {
     TORCH_CHECK_VALUE(!t.query_out.has_value(), "kvrope: query_out needs query");
     TORCH_CHECK_VALUE(!t.query_norm_weight.has_value(), "kvrope: query_norm_weight needs query");
   }
+  if (t.q_scale.has_value()) check_q_scale(*t.q_scale, t.query_out, k);
   if (t.key_out.has_value()) {
     TORCH_CHECK_VALUE(!t.key_in_place, "kvrope: key_in_place and key_out exclude each other");
     check_rows("key_out", *t.key_out, k, token_rows);

@@ -33,13 +33,15 @@ struct BackwardTensors {
 };
 
 //! kvrope::rope_append_ (the serving forward, docs/spec.md §6): q [T, Hq, D] and k [T, H, D] optionally
-//! RMS-normed and rotated (q in place or into query_out; k into key_out, or in place with key_in_place),
-//! RoPE(k) and v written to the caches' rows of slot_mapping, quantized for fp8 caches. A cache is
-//! [pages, P, H, D] by its strides (NHD, or HND as its transpose(1, 2) view) or flat [slots, H, D].
+//! RMS-normed and rotated (q in place or into query_out, in q's dtype or fp8 e4m3 divided by q_scale; k
+//! into key_out, or in place with key_in_place), RoPE(k) and v written to the caches' rows of
+//! slot_mapping, quantized for fp8 caches. A cache is [pages, P, H, D] by its strides (NHD, or HND as its
+//! transpose(1, 2) view) or flat [slots, H, D].
 struct AppendTensors {
   c10::optional<at::Tensor> query;
   at::Tensor key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping;
-  c10::optional<at::Tensor> query_out, key_out, query_norm_weight, key_norm_weight, k_scale, v_scale, error_flag;
+  c10::optional<at::Tensor> query_out, key_out, query_norm_weight, key_norm_weight, k_scale, v_scale, error_flag,
+      q_scale;
   bool key_in_place = false, norm_weight_plus_one = false;
   double norm_eps = 1e-6;
   std::string kv_cache_dtype = "auto";

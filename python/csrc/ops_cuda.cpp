@@ -167,7 +167,13 @@ void append_typed(const AppendTensors& t, cudaStream_t stream) {
   if (t.query.has_value() && t.query->defined()) {
     p.query_heads = t.query->size(1);
     p.query = token_heads<T>(t.query);
-    p.query_out = token_heads<T>(t.query_out);
+    // An fp8 query_out (float8_e4m3fn, checks.cpp) is kvrope's query_out_fp8, quantized with q_scale.
+    if (t.query_out.has_value() && t.query_out->scalar_type() == at::kFloat8_e4m3fn) {
+      p.query_out_fp8 = token_heads<__nv_fp8_e4m3>(t.query_out);
+      p.query_scale = data_or_null<float>(t.q_scale);
+    } else {
+      p.query_out = token_heads<T>(t.query_out);
+    }
   }
   p.key = token_heads<T>(t.key);
   p.key_out = token_heads<T>(t.key_out);

@@ -189,17 +189,19 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
                  query_norm_weight: Optional[torch.Tensor] = None, key_norm_weight: Optional[torch.Tensor] = None,
                  norm_eps: float = 1e-6, norm_weight_plus_one: bool = False, kv_cache_dtype: str = "auto",
                  k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
-                 layout: str = "NHD", error_flag: Optional[torch.Tensor] = None, check: bool = False,
-                 style: str = "rotate_half") -> None:
+                 q_scale: Optional[torch.Tensor] = None, layout: str = "NHD",
+                 error_flag: Optional[torch.Tensor] = None, check: bool = False, style: str = "rotate_half") -> None:
     """The serving forward, in place, in one launch (docs/spec.md section 6).
 
     q [T, Hq, D] (or None) and k [T, H, D], optionally RMS-normed per head (``*_norm_weight`` [D];
     ``norm_weight_plus_one``: Gemma's 1 + w), are rotated with the table cache [max_pos, R] (cos | sin,
     in q's dtype or fp32) at ``positions`` [T] (int32 / int64); q in place or into ``query_out``, k into
-    ``key_out`` or, with ``key_in_place``, into k itself. RoPE(k) and v [T, H, D] go to the cache rows of
-    ``slot_mapping`` [T] (int64; slot s is page s // P, offset s % P; negative: no row; repeated: the last
-    token wins). q, k, v may be views of one fused qkv tensor (any token and head strides, last dim
-    contiguous).
+    ``key_out`` or, with ``key_in_place``, into k itself. A ``query_out`` in torch.float8_e4m3fn gets what
+    fp8 attention reads: RoPE(q) (its pass-through dims too) rounded to q's dtype, then
+    fp8_satfinite(x / q_scale), ``q_scale`` float32 of one element (None: 1; only with an fp8 query_out).
+    RoPE(k) and v [T, H, D] go to the cache rows of ``slot_mapping`` [T] (int64; slot s is page s // P,
+    offset s % P; negative: no row; repeated: the last token wins). q, k, v may be views of one fused qkv
+    tensor (any token and head strides, last dim contiguous).
 
     Caches: ``layout="NHD"`` [pages, P, H, D], ``"HND"`` [pages, H, P, D], or flat [slots, H, D]; any
     strides with the last dim contiguous. Their dtype is q's, or fp8: torch.float8_e4m3fn /
@@ -227,7 +229,7 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
             error_flag = torch.zeros(1, dtype=torch.int32, device=key.device)
     _call(_APPEND, query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
           key_out, bool(key_in_place), query_norm_weight, key_norm_weight, float(norm_eps),
-          bool(norm_weight_plus_one), kv_cache_dtype, k_scale, v_scale, error_flag, 0, _style(style))
+          bool(norm_weight_plus_one), kv_cache_dtype, k_scale, v_scale, error_flag, 0, _style(style), q_scale)
     if check:
         _raise_on_flag(error_flag, cos_sin_cache.shape[0], key_cache)
 
@@ -263,7 +265,8 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
                                slot_mapping: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
                                kv_cache_dtype: str = "auto", k_scale: Optional[torch.Tensor] = None,
                                v_scale: Optional[torch.Tensor] = None, head_size: Optional[int] = None, *,
-                               error_flag: Optional[torch.Tensor] = None) -> None:
+                               error_flag: Optional[torch.Tensor] = None, query_out: Optional[torch.Tensor] = None,
+                               q_scale: Optional[torch.Tensor] = None) -> None:
     """vLLM's ``rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)`` followed by
     ``reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
     v_scale)``, in one launch: query and key rotated in place, RoPE(k) and v written to the caches.
@@ -275,7 +278,12 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
     D. k_scale / v_scale are used only by fp8 caches ("fp8", "fp8_e4m3", "fp8_e5m2"; uint8 or float8
     tensors) and ignored otherwise, as vLLM passes them always. As in vLLM V1, slot_mapping may be
     shorter than T (tokens padded for a CUDA graph): the tokens past it are left as they are (neither
-    rotated nor cached), where vLLM rotates them; their outputs are padding."""
+    rotated nor cached), where vLLM rotates them; their outputs are padding.
+
+    Beyond vLLM's two calls: ``query_out`` (shaped as query) gets RoPE(q) instead of query itself, in
+    query's dtype or in torch.float8_e4m3fn for fp8 attention (fp8_satfinite(x / q_scale), ``q_scale``
+    float32 of one element, None: 1; as ``rope_append_``). Unlike k_scale, a q_scale without an fp8
+    query_out is refused: no vLLM call passes it."""
     d = int(head_size) if head_size is not None else key_cache.shape[-1]
     positions = positions.flatten()
     slots = slot_mapping.flatten()
@@ -283,11 +291,14 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
     q = _token_heads("query", query, tokens, d)
     k = _token_heads("key", key, tokens, d)
     v = _token_heads("value", value, tokens, d)
+    q_out = None if query_out is None else _token_heads("query_out", query_out, tokens, d)
     if n > tokens:
         raise ValueError(f"kvrope: slot_mapping has {n} tokens, positions {tokens}")
     if n < tokens:
         q, k, v, positions = q[:n], k[:n], v[:n], positions[:n]
+        q_out = None if q_out is None else q_out[:n]
     if _checks.cache_format(key_cache, query.dtype, kv_cache_dtype) is None:
         k_scale = v_scale = None
-    _call(_APPEND, q, k, v, positions, cos_sin_cache, key_cache, value_cache, slots, None, None, True, None, None,
-          1e-6, False, kv_cache_dtype, k_scale, v_scale, error_flag, 0, ROTATE_HALF if is_neox else INTERLEAVED)
+    _call(_APPEND, q, k, v, positions, cos_sin_cache, key_cache, value_cache, slots, q_out, None, True, None, None,
+          1e-6, False, kv_cache_dtype, k_scale, v_scale, error_flag, 0, ROTATE_HALF if is_neox else INTERLEAVED,
+          q_scale)

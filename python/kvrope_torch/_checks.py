@@ -165,6 +165,8 @@ def check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache
 # --- the serving forward (kvrope::rope_append_) ------------------------------------------------------
 
 _KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# The float8 formats other than e4m3fn (c10::isFloat8Type's, as the C++ check names them)
+_OTHER_FP8 = (torch.float8_e5m2, torch.float8_e5m2fnuz, torch.float8_e4m3fnuz, torch.float8_e8m0fnu)
 _FLOAT_MAX = 3.4028234663852886e38
 
 
@@ -210,6 +212,32 @@ def _check_scale(name: str, s: torch.Tensor, like: Like, h: int, fmt) -> bool:
     return not one
 
 
+def _check_query_out(out: torch.Tensor, q: torch.Tensor, like: Like) -> None:
+    """The append's query_out: q's dtype, or float8_e4m3fn (what fp8 attention reads); q's shape, on its
+    device, the last dim contiguous. An fp8 of another format is refused by name (e4m3 only)."""
+    if out.dtype != torch.float8_e4m3fn:
+        if out.dtype in _OTHER_FP8:
+            raise TypeError(f"kvrope: query_out is {out.dtype}: an fp8 query_out must be float8_e4m3fn")
+        _check_rows("query_out", out, like, q.shape)
+        return
+    _check_on_device("query_out", out, like)
+    if tuple(out.shape) != tuple(q.shape):
+        raise ValueError(f"kvrope: query_out has shape {_dims(out.shape)}, expected {_dims(q.shape)}")
+    _check_last_dim("query_out", out)
+
+
+def _check_q_scale(s: torch.Tensor, query_out, like: Like) -> None:
+    """query_out's per-tensor scale (stored = fp8_satfinite(x / q_scale)): an fp8 query_out's only,
+    float32, one element on the device."""
+    if query_out is None or query_out.dtype != torch.float8_e4m3fn:
+        raise ValueError("kvrope: q_scale needs an fp8 query_out (float8_e4m3fn)")
+    if s.dtype != torch.float32:
+        raise TypeError(f"kvrope: q_scale must be float32, not {s.dtype}")
+    _check_on_device("q_scale", s, like)
+    if s.numel() != 1:
+        raise ValueError(f"kvrope: q_scale must have one element, got {_dims(s.shape)}")
+
+
 def check_error_flag(error_flag, like: Like) -> None:
     like_name, like_x = like
     if error_flag is not None and (error_flag.dtype != torch.int32 or error_flag.numel() != 1 or
@@ -219,7 +247,7 @@ def check_error_flag(error_flag, like: Like) -> None:
 
 def check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
                  key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps, norm_weight_plus_one,
-                 kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style):
+                 kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style, q_scale):
     """The twin of csrc/checks.cpp's check_append; returns the caches' fp8 format (None: q's dtype)."""
     if key.dim() != 3:
         raise ValueError(f"kvrope: key must be [T, H, D], got {_dims(key.shape)}")
@@ -237,12 +265,14 @@ def check_append(query, key, value, positions, cos_sin_cache, key_cache, value_c
             raise ValueError(f"kvrope: query must be [T, Hq, D] with T={n}, D={d}, got {_dims(query.shape)}")
         _check_rows("query", query, like, query.shape)
         if query_out is not None:
-            _check_rows("query_out", query_out, like, query.shape)
+            _check_query_out(query_out, query, like)
     else:
         if query_out is not None:
             raise ValueError("kvrope: query_out needs query")
         if query_norm_weight is not None:
             raise ValueError("kvrope: query_norm_weight needs query")
+    if q_scale is not None:
+        _check_q_scale(q_scale, query_out, like)
     if key_out is not None:
         if key_in_place:
             raise ValueError("kvrope: key_in_place and key_out exclude each other")

@@ -105,16 +105,27 @@ def _backward_inplace_cpu(grad_key_cache, grad_value_cache, key_states, cos, sin
     return gk, gv, gc, gs
 
 
+def _fp8_bytes(rows, scale, fmt, ct):
+    """fp8_satfinite(float(x_T) / scale) as uint8 codes, x_T rows [T, heads, D] already rounded to their
+    dtype; scale None (1), one element, or [heads] (per head). The fp8 caches and an fp8 query_out."""
+    x = rows.to(ct)
+    if scale is not None:
+        x = x / scale.reshape(-1, 1).to(ct)
+    return m.to_fp8(x, fmt).view(torch.uint8)
+
+
 @torch.library.impl("kvrope::rope_append_", "cpu")
 def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out=None,
                 key_out=None, key_in_place=False, query_norm_weight=None, key_norm_weight=None, norm_eps=1e-6,
                 norm_weight_plus_one=False, kv_cache_dtype="auto", k_scale=None, v_scale=None, error_flag=None,
-                rotary_dim=0, style=0):
+                rotary_dim=0, style=0, q_scale=None):
     """The serving forward (docs/spec.md section 6). A token whose position is out of range writes nothing;
-    a negative or out-of-range slot writes no cache row; the last token naming a slot wins."""
+    a negative or out-of-range slot writes no cache row; the last token naming a slot wins. A float8_e4m3fn
+    query_out gets RoPE(q) quantized as the fp8 caches are (one formula: _fp8_bytes)."""
     fmt = _checks.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping,
                                query_out, key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps,
-                               norm_weight_plus_one, kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style)
+                               norm_weight_plus_one, kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style,
+                               q_scale)
     ct = m.compute_dtype(key.dtype)
     cos, sin, ok = m.tables_from_cache(cos_sin_cache, positions, 1, style, ct)  # [1, T, R], [1, T]
     ok = ok[0]
@@ -128,8 +139,12 @@ def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_ca
 
     k_rot = rotated(key, key_norm_weight)
     if query is not None:
-        target = query if query_out is None else query_out
-        target.copy_(torch.where(keep, rotated(query, query_norm_weight), target))
+        q_rot = rotated(query, query_norm_weight)
+        if query_out is not None and query_out.dtype == torch.float8_e4m3fn:  # written as bytes, as the caches
+            target, q_rot = query_out.view(torch.uint8), _fp8_bytes(q_rot, q_scale, torch.float8_e4m3fn, ct)
+        else:
+            target = query if query_out is None else query_out
+        target.copy_(torch.where(keep, q_rot, target))
     for out in (key_out, key if key_in_place else None):
         if out is not None:
             out.copy_(torch.where(keep, k_rot, out))
@@ -148,10 +163,7 @@ def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_ca
         view = cache if paged else cache.unsqueeze(1)  # [pages, P, H, D]
         rows = rows[tokens]
         if fmt is not None:  # written as bytes: uint8 caches, and no float8 indexing kernels needed
-            x = rows.to(ct)
-            if scale is not None:
-                x = x / scale.reshape(-1, 1).to(ct)
-            view, rows = view.view(torch.uint8), m.to_fp8(x, fmt).view(torch.uint8)
+            view, rows = view.view(torch.uint8), _fp8_bytes(rows, scale, fmt, ct)
         view[pages, offsets] = rows
 
 
@@ -176,10 +188,10 @@ def _forward_inplace_fake(key_states, value_states, key_cache, value_cache, cach
 def _append_fake(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out=None,
                  key_out=None, key_in_place=False, query_norm_weight=None, key_norm_weight=None, norm_eps=1e-6,
                  norm_weight_plus_one=False, kv_cache_dtype="auto", k_scale=None, v_scale=None, error_flag=None,
-                 rotary_dim=0, style=0):
+                 rotary_dim=0, style=0, q_scale=None):
     _checks.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
                          key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps, norm_weight_plus_one,
-                         kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style)
+                         kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style, q_scale)
     return None
 
 

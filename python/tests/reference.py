@@ -69,3 +69,46 @@ def within_tolerance(out, gold, abs_sum, dtype):
     excess = (out - gold).abs() - (ulp + 2.0 ** -21 * abs_sum)
     worst = int(torch.argmax(excess)) if excess.numel() else 0
     return bool((excess <= 0).all()), (excess.flatten()[worst].item() if excess.numel() else 0.0), worst
+
+
+# --- the serving forward's fp8 query_out (kvrope::rope_append_ with a float8_e4m3fn query_out) ------
+
+FP8_E4M3_MAX = 448.0
+
+
+def table_rotary(x, cos_sin_cache, positions, style, rotary_dim=0):
+    """x [T, H, D] (float64) rotated by a table cache [max_pos, R] (cos in columns [0, R/2), sin in
+    [R/2, R), one angle a pair), row positions[t] for token t; rotary_dim 0: R. Through apply_rotary with
+    per-token tables spread to one value an element (rotate-half: pair i is (i, i + R/2); interleaved:
+    (2i, 2i + 1)). Positions out of range are clamped (their tokens are not compared)."""
+    r = rotary_dim or cos_sin_cache.shape[1]
+    rows = cos_sin_cache.double()[positions.long().clamp(0, cos_sin_cache.shape[0] - 1)]  # [T, R]
+    cos, sin = rows[:, :r // 2], rows[:, r // 2:r]
+    spread = (lambda t: torch.cat((t, t), -1)) if style == "rotate_half" else (lambda t: t.repeat_interleave(2, -1))
+    out = apply_rotary(x.double().transpose(0, 1)[None], spread(cos)[None], spread(sin)[None], style)
+    return out[0].transpose(0, 1)
+
+
+def rms_norm(x, weight, eps, plus_one=False):
+    """Per-head RMSNorm over the last dim in float64: x / sqrt(mean(x^2) + eps) * w (Gemma: 1 + w)."""
+    w = weight.double() + (1.0 if plus_one else 0.0)
+    return x.double() / torch.sqrt(x.double().square().mean(-1, keepdim=True) + eps) * w
+
+
+def fp8_e4m3(x, scale=None):
+    """x (in its dtype T) as an fp8 output stores it: fp8_satfinite(float(x) / scale), the division in
+    float32 (scale: one float32, None: 1), saturated at +-448 (NaN stays NaN), cast to float8_e4m3fn."""
+    x = x.float()
+    if scale is not None:
+        x = x / scale.float().reshape(())
+    return x.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def fp8_query(q, cos_sin_cache, positions, style, rotary_dim=0, scale=None, norm_weight=None, eps=1e-6,
+              plus_one=False):
+    """What an fp8 query_out holds: q [T, Hq, D] (optionally RMS-normed) rotated in float64, rounded to
+    q's dtype once, then fp8_e4m3 (divided by the scale in float32, saturated, cast)."""
+    x = q.double()
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, eps, plus_one)
+    return fp8_e4m3(table_rotary(x, cos_sin_cache, positions, style, rotary_dim).to(q.dtype), scale)

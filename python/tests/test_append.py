@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kvrope_torch
+import reference
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
@@ -49,6 +50,11 @@ def ref_rope(x, cos_sin_cache, positions, style, r):
 def ulp(x, dtype):
     exponent = torch.floor(torch.log2(x.abs().clamp_min(1e-300))).clamp_min(MIN_EXPONENT[dtype])
     return torch.pow(2.0, exponent - MANTISSA_BITS[dtype])
+
+
+def bits(x):
+    """A tensor's elements as integers of their size: equal where the values are equal bit for bit."""
+    return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
 
 
 def raw(x):
@@ -91,7 +97,8 @@ class Config:
     scale: Optional[str] = None    # None, "tensor", "head"
     norm: Optional[str] = None     # None, "qk", "k", "plus_one"
     fused: bool = False            # q, k, v views of one qkv [T, (Hq + 2H) D]
-    query: Optional[str] = "in_place"  # in_place, out, None
+    query: Optional[str] = "in_place"  # in_place, out, fp8_out (a float8_e4m3fn query_out), None
+    q_scale: Optional[float] = None  # fp8_out: q_scale's value (None: no q_scale)
     key: Optional[str] = None      # None (k read only), in_place, out
     positions: str = "valid"       # valid, out_of_range
     pos_dtype: torch.dtype = torch.int64
@@ -116,6 +123,9 @@ def make_inputs(cfg: Config, device):
     if cfg.cache != "auto" and n:  # values beyond the fp8 range: saturated
         big = 6e4 if cfg.cache == "fp8_e5m2" else 1e3
         v[0, 0, :2] = torch.tensor([big, -big], dtype=dt, device=device)
+    if cfg.query == "fp8_out" and n and hq:  # q beyond e4m3's range (unless normed): saturated in query_out
+        q[0, -1, :2] = torch.tensor([1e3, -1e3], dtype=dt, device=device)
+        q[-1, 0, -2:] = torch.tensor([-2e3, 5e2], dtype=dt, device=device)
     inv = 1.0 / (10000.0 ** (torch.arange(0, r, 2, dtype=torch.float64) / r))
     angles = torch.arange(cfg.max_position, dtype=torch.float64)[:, None] * inv[None]
     table = torch.cat((angles.cos(), angles.sin()), dim=-1)
@@ -155,6 +165,8 @@ def make_inputs(cfg: Config, device):
         scales = dict(k_scale=torch.tensor(0.5), v_scale=torch.tensor(2.0))
     elif cfg.scale == "head":
         scales = dict(k_scale=torch.rand(h, generator=g) + 0.3, v_scale=torch.rand(h, generator=g) + 0.3)
+    if cfg.q_scale is not None:
+        scales["q_scale"] = torch.tensor(cfg.q_scale)
     scales = {name: s.to(device) for name, s in scales.items()}
     norms = {}
     if cfg.norm:
@@ -179,7 +191,7 @@ def slot_rows(cache, cfg):
 
 def kvrope_kwargs(cfg: Config, inputs, query_out=None, key_out=None, error_flag=None):
     """The API's keyword arguments of a call of `cfg` (the caches as they are: HND with layout='HND')."""
-    kw = {name: inputs[name] for name in ("k_scale", "v_scale", "query_norm_weight", "key_norm_weight",
+    kw = {name: inputs[name] for name in ("k_scale", "v_scale", "q_scale", "query_norm_weight", "key_norm_weight",
                                           "norm_eps", "norm_weight_plus_one") if name in inputs}
     kind = "auto" if cfg.cache == "auto" else ("fp8" if cfg.cache == "fp8_e4m3" and cfg.uint8 else cfg.cache)
     kind = cfg.extra.get("kv_cache_dtype", kind)
@@ -199,16 +211,30 @@ def run_and_check(cfg: Config, device):
         return torch.randn(x.shape).to(device=device, dtype=cfg.dtype)
 
     query_out = random_like(q) if q is not None and cfg.query == "out" else None
+    if q is not None and cfg.query == "fp8_out":
+        query_out = random_fp8(q.shape).to(device)
     key_out = random_like(k) if cfg.key == "out" else None
     outs_before = [None if x is None else x.cpu().clone() for x in (query_out, key_out)]
     flag = torch.zeros(1, dtype=torch.int32, device=device)
-    args = [inputs[name] for name in ("query", "key", "value", "positions", "cos_sin_cache", "key_cache",
-                                      "value_cache", "slot_mapping")]
-    kvrope_torch.rope_append_(*args, **kvrope_kwargs(cfg, inputs, query_out, key_out, flag))
-    check_outputs(cfg, before, inputs, query_out, key_out, outs_before, flag)
+    names = ("query", "key", "value", "positions", "cos_sin_cache", "key_cache", "value_cache", "slot_mapping")
+    kvrope_torch.rope_append_(*[inputs[n] for n in names], **kvrope_kwargs(cfg, inputs, query_out, key_out, flag))
+    q_rounded = None
+    if query_out is not None and cfg.query == "fp8_out":  # the same call, query_out in q's dtype: RoPE(q)_T
+        again = make_inputs(cfg, device)
+        q_rounded = torch.empty_like(again["query"])
+        kw = dict(kvrope_kwargs(cfg, again, q_rounded), q_scale=None)
+        kvrope_torch.rope_append_(*[again[n] for n in names], **kw)
+        q_rounded = q_rounded.cpu()
+    check_outputs(cfg, before, inputs, query_out, key_out, outs_before, flag, q_rounded)
 
 
-def check_outputs(cfg, before, inputs, query_out, key_out, outs_before, flag):
+def random_fp8(shape, seed=1):
+    """float8_e4m3fn of random bytes, none NaN (what an output held before the call)."""
+    x = torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+    return torch.where((x & 0x7F) == 0x7F, 0, x).view(torch.float8_e4m3fn)
+
+
+def check_outputs(cfg, before, inputs, query_out, key_out, outs_before, flag, q_rounded=None):
     dt, d = cfg.dtype, cfg.head_dim
     r = cfg.rotary_dim or d
     positions, slots = before["positions"].long(), before["slot_mapping"]
@@ -224,7 +250,29 @@ def check_outputs(cfg, before, inputs, query_out, key_out, outs_before, flag):
 
     k_gold, k_mag = gold(before["key"], before.get("key_norm_weight"))
     # q: rotated where its position is in range, else as it was; q itself read only with query_out
-    if before["query"] is not None:
+    if before["query"] is not None and cfg.query == "fp8_out":
+        # q_rounded: RoPE(q) as the same call rounds it to q's dtype (query_out in q's dtype), within the
+        # tolerance of the float64 value
+        q_gold, q_mag = gold(before["query"], before.get("query_norm_weight"))
+        assert_close("query_out (in q's dtype)", torch.where(keep, q_rounded.double(), 0), torch.where(keep, q_gold, 0),
+                     q_mag, dt)
+        got, initial = query_out.cpu().view(torch.uint8), outs_before[0].view(torch.uint8)
+        # exact: fp8_satfinite(float(x_T) / q_scale) of that x_T (the fp8 key cache's formula)
+        want = reference.fp8_e4m3(q_rounded, before.get("q_scale")).view(torch.uint8)
+        assert torch.equal(got[ok], want[ok]), "query_out (fp8): not fp8_satfinite(float(x_T) / q_scale)"
+        # exact against the float64 reference (reference.fp8_query: rotated in float64, rounded to q's dtype,
+        # quantized): every code on the CPU; on CUDA, whose fp32 math (FMA, rsqrt) may round an element to T
+        # the other way (within the tolerance above), every code whose x_T is the float64 value's rounding
+        want = reference.fp8_query(before["query"], table, positions, cfg.style, r, before.get("q_scale"),
+                                   before.get("query_norm_weight"), before.get("norm_eps", 1e-6),
+                                   before.get("norm_weight_plus_one", False)).view(torch.uint8)
+        compared = keep & (bits(q_rounded) == bits(q_gold.to(dt)) if query_out.is_cuda else True)
+        mismatch = (got != want) & compared
+        assert not bool(mismatch.any()), (f"query_out (fp8): {int(mismatch.sum())} codes differ from the reference, "
+                                          f"first at {mismatch.nonzero()[0].tolist()}")
+        assert torch.equal(got[~ok], initial[~ok]), "query_out: a token out of range was written"
+        assert torch.equal(inputs["query"].cpu(), before["query"]), "query changed with query_out given"
+    elif before["query"] is not None:
         q_gold, q_mag = gold(before["query"], before.get("query_norm_weight"))
         target = inputs["query"] if query_out is None else query_out
         initial = before["query"] if query_out is None else outs_before[0]
@@ -334,6 +382,11 @@ CASES = {
     "position_out_of_range": Config(positions="out_of_range", key="in_place", query="out"),
     "one_token": Config(tokens=1),
     "no_tokens": Config(tokens=0),
+    "fp8_query_out": Config(query="fp8_out", key="out"),
+    "fp8_query_scale": Config(query="fp8_out", q_scale=0.25, rotary_dim=6, style="interleaved"),
+    "fp8_query_norm": Config(query="fp8_out", q_scale=3.0, norm="qk", key="in_place"),
+    "fp8_query_and_cache": Config(query="fp8_out", q_scale=0.5, cache="fp8_e4m3", scale="tensor", norm="plus_one",
+                                  fused=True, rotary_dim=8, key="in_place", positions="out_of_range"),
 }
 
 
@@ -346,6 +399,82 @@ def test_cpu_options(case):
 def test_cpu_half_types(case):
     for dtype in (torch.bfloat16, torch.float16):
         run_and_check(replace(CASES[case], dtype=dtype), "cpu")
+
+
+# --- an fp8 query_out (what fp8 attention reads) ---------------------------------------------------
+
+FP8_QUERY_ROTATIONS = {"rotate_half": dict(), "interleaved": dict(style="interleaved"),
+                       "partial": dict(rotary_dim=8), "partial_interleaved": dict(rotary_dim=6, style="interleaved")}
+
+
+def fp8_query_config(dtype, rotation, norm, q_scale):
+    return Config(query="fp8_out", dtype=dtype, q_scale=q_scale, norm="qk" if norm else None, key="in_place",
+                  **FP8_QUERY_ROTATIONS[rotation])
+
+
+@pytest.mark.parametrize("q_scale", [None, 0.375])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("rotation", list(FP8_QUERY_ROTATIONS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cpu_fp8_query_out(dtype, rotation, norm, q_scale):
+    """A float8_e4m3fn query_out holds, bit for bit, the reference's float64 RoPE(q) rounded to q's dtype
+    then fp8_satfinite(x / q_scale) in float32 (reference.fp8_query; pass-through dims too, values beyond
+    448 saturated); q is left as it was, k and the caches are written as without it."""
+    run_and_check(fp8_query_config(dtype, rotation, norm, q_scale), "cpu")
+
+
+@needs_cuda
+@pytest.mark.parametrize("q_scale", [None, 0.375])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("rotation", list(FP8_QUERY_ROTATIONS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cuda_fp8_query_out(dtype, rotation, norm, q_scale):
+    cfg = fp8_query_config(dtype, rotation, norm, q_scale)
+    run_and_check(replace(cfg, head_dim=128, rotary_dim=cfg.rotary_dim * 8), "cuda")  # vectorized
+    run_and_check(cfg, "cuda")
+    # more tokens than the few-token kernel takes (kAppendTokenMaxTokens, 1024): the tiled kernel
+    run_and_check(replace(cfg, tokens=1500, max_position=1600, pages=400), "cuda")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_query_out_is_the_fp8_key_cache_formula(device):
+    """q and k equal (same heads, norm weights and scale): the fp8 query_out rows are the fp8 key cache's
+    rows of their slots, byte for byte (one quantization of a rotated row for both)."""
+    cfg = Config(query="fp8_out", q_heads=2, cache="fp8_e4m3", scale="tensor", norm="qk", rotary_dim=8)
+    inputs = make_inputs(cfg, device)
+    inputs["query"].copy_(inputs["key"])
+    inputs["query_norm_weight"].copy_(inputs["key_norm_weight"])
+    query_out = random_fp8(inputs["query"].shape).to(device)
+    args = [inputs[name] for name in ("query", "key", "value", "positions", "cos_sin_cache", "key_cache",
+                                      "value_cache", "slot_mapping")]
+    kvrope_torch.rope_append_(*args, **dict(kvrope_kwargs(cfg, inputs, query_out), q_scale=inputs["k_scale"]))
+    slots = inputs["slot_mapping"].cpu()
+    cache = slot_rows(inputs["key_cache"], cfg).view(torch.uint8)
+    assert torch.equal(query_out.cpu().view(torch.uint8)[slots >= 0], cache[slots[slots >= 0]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_query_out_nonfinite(device):
+    """fp8_satfinite: beyond +-448 saturates (infinities too), NaN stays NaN (a NaN rotated spreads to
+    its pair); q in fp32, R = 8 of D = 16 (elements 8.. pass through)."""
+    cfg = Config(query="fp8_out", tokens=3, rotary_dim=8, q_scale=0.5)
+    inputs = make_inputs(cfg, device)
+    q = inputs["query"]
+    q[0, 0, 8:12] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e6])
+    q[1, 1, 0] = float("nan")
+    query_out = random_fp8(q.shape).to(device)
+    before = q.cpu().clone()
+    args = [inputs[name] for name in ("query", "key", "value", "positions", "cos_sin_cache", "key_cache",
+                                      "value_cache", "slot_mapping")]
+    kvrope_torch.rope_append_(*args, **kvrope_kwargs(cfg, inputs, query_out))
+    got = query_out.cpu().float()
+    assert torch.isnan(got[0, 0, 8]) and got[0, 0, 9:12].tolist() == [448.0, -448.0, 448.0]
+    assert torch.isnan(got[1, 1, 0]) and torch.isnan(got[1, 1, 4])  # rotate-half: the pair (0, R/2)
+    want = reference.fp8_query(before, inputs["cos_sin_cache"].cpu(), inputs["positions"].cpu(), cfg.style,
+                               scale=inputs["q_scale"].cpu()).float()
+    # the finite rest: exact on the CPU, within one e4m3 step on CUDA (its fp32 rounding to T may differ)
+    step = (0.125, 2.0 ** -9) if device == "cuda" else (0.0, 0.0)
+    torch.testing.assert_close(got, want, rtol=step[0], atol=step[1], equal_nan=True)  # (NaN's sign not compared)
 
 
 @needs_cuda
@@ -381,6 +510,8 @@ def test_cuda_random_configurations(seed):
         cfg = replace(cfg, query=None)
     if tokens < 12 and cfg.slots == "repeated":
         cfg = replace(cfg, slots="padded")
+    if cfg.query and rng.random() < 0.3:  # drawn last: the configurations above are as they were
+        cfg = replace(cfg, query="fp8_out", q_scale=rng.choice([None, 0.5, 3.0]))
     run_and_check(cfg, "cuda")
 
 
@@ -474,6 +605,45 @@ def test_rotary_embedding_and_cache(device, variant):
     assert torch.equal(raw(vc_d.cpu()), raw(gold_vc)), "value_cache"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("padded", [False, True])
+def test_rotary_embedding_and_cache_fp8_query_out(device, padded):
+    """query_out in fp8 (what fp8 attention reads): RoPE(q) quantized with q_scale as rope_append_ does,
+    query left as it was, past a short slot_mapping query_out left as it was too; key and the caches as
+    without query_out."""
+    g = torch.Generator().manual_seed(5)
+    n, hq, h, d, block, blocks = 11, 4, 2, 32, 16, 4
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    angles = torch.arange(50, dtype=torch.float64)[:, None] * (1.0 / 10000 ** (torch.arange(0, d, 2) / d))[None]
+    table = torch.cat((angles.cos(), angles.sin()), -1).to(dt)
+    positions = torch.randint(0, 50, (n,), generator=g)
+    slots = torch.randperm(block * blocks, generator=g)[:8 if padded else n]
+    slots[2] = -1
+    query, key = (torch.randn(n, x * d, generator=g).to(dt) for x in (hq, h))
+    value = torch.randn(n, h, d, generator=g).to(dt)
+    key_cache = torch.randn(blocks, block, h, d, generator=g).to(dt)
+    q_scale = torch.tensor([0.75])
+    query_out = random_fp8((n, hq * d))
+    m = slots.numel()
+    given = [x.to(device) for x in (positions, query, key, value, key_cache, key_cache.clone(), slots, table)]
+    plain = [x.clone() for x in given]
+    out_d = query_out.to(device)
+    kvrope_torch.rotary_embedding_and_cache(*given, True, query_out=out_d, q_scale=q_scale.to(device))
+    kvrope_torch.rotary_embedding_and_cache(*plain, True)
+    assert torch.equal(given[1].cpu(), query), "query changed with query_out given"
+    got = out_d.cpu().view(torch.uint8)
+    # exact: the query the call without query_out rotates in place, quantized
+    want = reference.fp8_e4m3(plain[1].cpu()[:m], q_scale).view(torch.uint8)
+    assert torch.equal(got[:m], want), "query_out (fp8): not fp8_satfinite(float(RoPE(q)_T) / q_scale)"
+    if device == "cpu":  # and the float64 reference, code for code (CUDA: see check_outputs)
+        want = reference.fp8_query(query[:m].view(m, hq, d), table, positions[:m], "rotate_half", scale=q_scale)
+        assert torch.equal(got[:m], want.view(torch.uint8).reshape(m, hq * d)), "query_out (fp8)"
+    assert torch.equal(got[m:], query_out.view(torch.uint8)[m:]), "padding tokens past slot_mapping were touched"
+    for name, x, y in (("key", given[2], plain[2]), ("key_cache", given[4], plain[4]),
+                       ("value_cache", given[5], plain[5])):
+        assert torch.equal(x, y), name
+
+
 def test_rotary_embedding_and_cache_shapes():
     n, d = 3, 8
     table = torch.cat((torch.ones(4, 4), torch.zeros(4, 4)), -1)
@@ -489,6 +659,10 @@ def test_rotary_embedding_and_cache_shapes():
 
 
 # --- errors, the check option, the flag -------------------------------------------------------------
+
+def fp8_like(x):
+    return torch.empty_like(x, dtype=torch.float8_e4m3fn)
+
 
 def small_call(device, **cfg):
     cfg = Config(tokens=5, pages=4, **cfg)
@@ -536,6 +710,22 @@ BAD_CALLS = [  # (what to change, the error, its message)
      "error_flag must be an int32 tensor of one element"),
     (lambda a, k: k.update(style="neox"), ValueError, "style must be 'rotate_half' or 'interleaved'"),
     (lambda a, k: k.update(layout="NDH"), ValueError, "layout must be 'NHD' or 'HND'"),
+    # an fp8 query_out (float8_e4m3fn) and its q_scale
+    (lambda a, k: k.update(q_scale=torch.ones((), device=a[1].device)), ValueError,
+     r"q_scale needs an fp8 query_out \(float8_e4m3fn\)"),
+    (lambda a, k: k.update(query_out=torch.empty_like(a[0]), q_scale=torch.ones((), device=a[1].device)),
+     ValueError, "q_scale needs an fp8 query_out"),
+    (lambda a, k: k.update(query_out=fp8_like(a[0]), q_scale=torch.ones((), device=a[1].device,
+                                                                         dtype=torch.float64)),
+     TypeError, "q_scale must be float32, not"),
+    (lambda a, k: k.update(query_out=fp8_like(a[0]), q_scale=torch.ones(2, device=a[1].device)), ValueError,
+     r"q_scale must have one element, got \[2\]"),
+    (lambda a, k: k.update(query_out=fp8_like(a[0])[:, :1]), ValueError,
+     r"query_out has shape \[5, 1, 16\], expected \[5, 4, 16\]"),
+    (lambda a, k: k.update(query_out=fp8_like(a[0]).transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
+     "query_out's last dim must be contiguous"),
+    (lambda a, k: k.update(query_out=torch.empty_like(a[0], dtype=torch.float8_e5m2)), TypeError,
+     "query_out is .*8_e5m2: an fp8 query_out must be float8_e4m3fn"),
 ]
 BAD_FP8_CALLS = [
     (lambda a, k: k.update(k_scale=torch.ones(3, device=a[1].device)), ValueError,
@@ -577,6 +767,11 @@ def test_cuda_overlapping_outputs_are_refused():
         kvrope_torch.rope_append_(*args, **dict(kwargs, key_out=v))
     with pytest.raises(RuntimeError, match=r"kvrope.rope_append_: output rows overlap \(query_out.head_stride\)"):
         kvrope_torch.rope_append_(*args, **dict(kwargs, query_out=torch.empty_like(q[:, :1]).expand_as(q)))
+    # an fp8 query_out is kvrope's query_out_fp8, its scale read on the device
+    with pytest.raises(RuntimeError, match=r"kvrope.rope_append_: output rows overlap \(query_out_fp8.head_stride\)"):
+        kvrope_torch.rope_append_(*args, **dict(kwargs, query_out=fp8_like(q[:, :1]).expand_as(q)))
+    with pytest.raises(ValueError, match="kvrope: q_scale is on cpu, key on cuda:0"):
+        kvrope_torch.rope_append_(*args, **dict(kwargs, query_out=fp8_like(q), q_scale=torch.ones(1)))
     assert all(torch.equal(raw(a), b) for a, b in zip(args, before)), "a refused call wrote"
 
 
@@ -599,7 +794,7 @@ def test_check_option(device):
 # --- torch's contract: opcheck, the fake kernel, torch.compile, versions -----------------------------
 
 OPCHECK_CASES = ["plain", "fused_everything", "fp8_e5m2_uint8", "fp8_e4m3", "fp8_e5m2", "query_out", "no_query", "flat",
-                 "position_out_of_range"]
+                 "position_out_of_range", "fp8_query_out", "fp8_query_and_cache"]
 
 
 def op_args(cfg, device, dtype):
@@ -608,6 +803,8 @@ def op_args(cfg, device, dtype):
     kw = kvrope_kwargs(cfg, inputs, error_flag=torch.zeros(1, dtype=torch.int32, device=device))
     if cfg.query == "out" and inputs["query"] is not None:
         kw["query_out"] = torch.empty_like(inputs["query"])
+    if cfg.query == "fp8_out" and inputs["query"] is not None:
+        kw["query_out"] = fp8_like(inputs["query"])
     if cfg.key == "out":
         kw["key_out"] = torch.empty_like(inputs["key"])
     kc, vc = inputs["key_cache"], inputs["value_cache"]
@@ -628,8 +825,8 @@ def test_opcheck(device, case):
     cfg = CASES[case]
     args, kwargs = op_args(cfg, device, dtype)
     # torch's schema check compares tensors with allclose, which has no float8 kernels: float8 caches
-    # skip it (the uint8 cases run the same kernels through it)
-    skip = ("test_schema",) if cfg.cache != "auto" and not cfg.uint8 else ()
+    # and an fp8 query_out skip it (the uint8 cases run the same kernels through it)
+    skip = ("test_schema",) if (cfg.cache != "auto" and not cfg.uint8) or cfg.query == "fp8_out" else ()
     tests = tuple(t for t in ("test_schema", "test_autograd_registration", "test_faketensor",
                               "test_aot_dispatch_dynamic") if t not in skip)
     torch.library.opcheck(torch.ops.kvrope.rope_append_.default, args, kwargs, test_utils=tests)
@@ -653,9 +850,10 @@ def test_api_calls_the_op(device):
     clones = lambda xs: [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]  # noqa: E731
     a1, a2 = clones(args), clones(args)
     names = ["query_out", "key_out", "key_in_place", "query_norm_weight", "key_norm_weight", "norm_eps",
-             "norm_weight_plus_one", "kv_cache_dtype", "k_scale", "v_scale", "error_flag", "rotary_dim", "style"]
+             "norm_weight_plus_one", "kv_cache_dtype", "k_scale", "v_scale", "error_flag", "rotary_dim", "style",
+             "q_scale"]
     rest = [kwargs.get(name, default) for name, default in zip(
-        names, [None, None, False, None, None, 1e-6, False, "auto", None, None, None, 0, 0])]
+        names, [None, None, False, None, None, 1e-6, False, "auto", None, None, None, 0, 0, None])]
     kvrope_torch._C.rope_append_(*a1, *rest)
     torch.ops.kvrope.rope_append_.default(*a2, **kwargs)
     for x, y in zip(a1, a2):
@@ -669,8 +867,10 @@ def test_api_calls_the_op(device):
         kvrope_torch._C.rope_append_(*args, *rest[:5], "x", *rest[6:])
     with pytest.raises(TypeError, match="kvrope.rope_append_: kv_cache_dtype must be a str, not int"):
         kvrope_torch._C.rope_append_(*args, *rest[:7], 8, *rest[8:])
-    with pytest.raises(TypeError, match="kvrope.rope_append_ takes 21 arguments, not 8"):
+    with pytest.raises(TypeError, match="kvrope.rope_append_ takes 22 arguments, not 8"):
         kvrope_torch._C.rope_append_(*args)
+    with pytest.raises(TypeError, match="kvrope.rope_append_: q_scale must be a tensor, not float"):
+        kvrope_torch._C.rope_append_(*args, *rest[:13], 1.0)
     # versions: q, the caches, the flag; k only with key_in_place
     q, k, v, _, _, kc, vc, _ = args = clones(args)
     flag = torch.zeros(1, dtype=torch.int32, device=device)
@@ -680,6 +880,11 @@ def test_api_calls_the_op(device):
     assert [a > b for a, b in zip(after, before)] == [True, False, False, True, True, True]
     kvrope_torch.rope_append_(*args, kv_cache_dtype="fp8", key_in_place=True)
     assert k._version > after[1]
+    # an fp8 query_out: it is bumped, q is not
+    query_out, q_version = fp8_like(q), q._version
+    kvrope_torch.rope_append_(*args, kv_cache_dtype="fp8", query_out=query_out,
+                              q_scale=torch.ones(1, device=device))
+    assert query_out._version > 0 and q._version == q_version
 
 
 def test_compile_matches_eager():
@@ -711,6 +916,27 @@ def test_compile_matches_eager():
     torch.testing.assert_close(vllm_step(*order(a_eager)), torch.compile(vllm_step, fullgraph=True)(*order(a_compiled)))
     for x, y in zip(a_eager, a_compiled):
         assert torch.equal(x, y)
+
+
+def test_compile_fp8_query_out():
+    """torch.compile with an fp8 query_out: the fake kernel, and the functionalized mutation of a
+    float8_e4m3fn tensor; the same bytes as eager."""
+    args, kwargs = small_call("cpu", query="fp8_out", q_scale=0.5, norm="qk", key="in_place")
+
+    def step(args, kwargs, query_out):
+        kvrope_torch.rope_append_(*args, **dict(kwargs, query_out=query_out))
+        return args[1] + 1
+
+    query_out = random_fp8(args[0].shape)
+    a_eager, a_compiled = [x.clone() for x in args], [x.clone() for x in args]
+    out_eager, out_compiled = query_out.clone(), query_out.clone()
+    r_eager = step(a_eager, kwargs, out_eager)
+    r_compiled = torch.compile(step, fullgraph=True)(a_compiled, kwargs, out_compiled)
+    assert torch.equal(r_eager, r_compiled)
+    assert torch.equal(raw(out_eager), raw(out_compiled))
+    assert not torch.equal(raw(out_eager), raw(query_out)), "query_out not written"
+    for x, y in zip(a_eager, a_compiled):
+        assert torch.equal(raw(x), raw(y))
 
 
 def test_compiled_errors_are_clear():
