@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/vec.cuh"
+#include "core/config.cuh"  // (last: KVROPE_UNROLL, #undef at the end)
 
 namespace kvrope {
 
@@ -134,3 +135,5 @@ __device__ __forceinline__ void store_chunk(T* row, int64_t h, int64_t i0, const
 }
 
 }  // namespace kvrope
+
+#undef KVROPE_UNROLL

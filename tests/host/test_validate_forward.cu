@@ -2,6 +2,11 @@
 // without a GPU: validation happens before any CUDA call).
 #include <kvrope/kvrope.cuh>
 
+// No macro of kvrope's reaches the code that includes it, in the host or the device pass.
+#if defined(KVROPE_UNROLL) || defined(KVROPE_HAS_BULK_COPY) || defined(KVROPE_DECODE_BOUNDS)
+#error "a kvrope header leaks a macro"
+#endif
+
 #include <string>
 #include <vector>
 

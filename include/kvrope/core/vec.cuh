@@ -8,8 +8,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "config.cuh"
 #include "dtype.cuh"
+#include "config.cuh"  // (last: KVROPE_UNROLL, #undef at the end)
 
 namespace kvrope {
 
@@ -143,3 +143,5 @@ __device__ __forceinline__ void store_vec(T* ptr, const Vec<T, N>& value) {
 }
 
 }  // namespace kvrope
+
+#undef KVROPE_UNROLL

@@ -36,11 +36,6 @@ Layout paged_layout(const char* name, const char* const (&strides)[3], const Pag
                 {strides[0], strides[1], strides[2]}};
 }
 
-#define KVROPE_DETAIL_TOKEN_HEAD_STRIDES(x) \
-  { #x ".token_stride", #x ".head_stride" }
-#define KVROPE_DETAIL_PAGE_STRIDES(x) \
-  { #x ".page_stride", #x ".offset_stride", #x ".head_stride" }
-
 template <typename T, typename C, typename Pos>
 Status check_append_sizes(const AppendParams<T, C, Pos>& p) {
   if (p.tokens < 0) return fail(StatusCode::kInvalidSize, "tokens");
@@ -90,10 +85,10 @@ Status validate_append(const AppendParams<T, C, Pos>& p) {
   const int64_t scales = p.scale_per_head ? p.heads : 1;
   const int64_t cache_pages = p.heads > 0 ? p.num_pages : 0;
   const std::array<Layout, 11> in{
-      token_heads_layout("key", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key), TokenHeads<const T>(p.key),
+      token_heads_layout("key", {"key.token_stride", "key.head_stride"}, TokenHeads<const T>(p.key),
                          p.key_in_place ? 0 : kv_tokens, p.heads, d),
-      token_heads_layout("value", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(value), p.value, kv_tokens, p.heads, d),
-      token_heads_layout("query", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query), TokenHeads<const T>(p.query),
+      token_heads_layout("value", {"value.token_stride", "value.head_stride"}, p.value, kv_tokens, p.heads, d),
+      token_heads_layout("query", {"query.token_stride", "query.head_stride"}, TokenHeads<const T>(p.query),
                          q_in_place ? 0 : q_tokens, p.query_heads, d),
       flat_layout("positions", p.positions, sizeof(Pos), rows),
       flat_layout(f32 ? "cos_sin_cache_f32" : "cos_sin_cache",
@@ -106,19 +101,19 @@ Status validate_append(const AppendParams<T, C, Pos>& p) {
       flat_layout("value_scale", p.value_scale, 4, p.value_scale ? scales : 0),
       flat_layout("query_scale", p.query_scale, 4, p.query_scale ? 1 : 0)};
   const std::array<Layout, 5> out{
-      q_in_place
-          ? token_heads_layout("query", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query), p.query, q_tokens, p.query_heads, d)
-      : q_fp8 ? token_heads_layout("query_out_fp8", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out_fp8), p.query_out_fp8,
-                                   q_tokens, p.query_heads, d)
-              : token_heads_layout("query_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(query_out), p.query_out, q_tokens,
-                                   p.query_heads, d),
-      p.key_in_place ? token_heads_layout("key", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key), p.key, kv_tokens, p.heads, d)
-                     : token_heads_layout("key_out", KVROPE_DETAIL_TOKEN_HEAD_STRIDES(key_out), p.key_out,
+      q_in_place ? token_heads_layout("query", {"query.token_stride", "query.head_stride"}, p.query, q_tokens,
+                                      p.query_heads, d)
+      : q_fp8    ? token_heads_layout("query_out_fp8", {"query_out_fp8.token_stride", "query_out_fp8.head_stride"},
+                                      p.query_out_fp8, q_tokens, p.query_heads, d)
+                 : token_heads_layout("query_out", {"query_out.token_stride", "query_out.head_stride"}, p.query_out,
+                                      q_tokens, p.query_heads, d),
+      p.key_in_place ? token_heads_layout("key", {"key.token_stride", "key.head_stride"}, p.key, kv_tokens, p.heads, d)
+                     : token_heads_layout("key_out", {"key_out.token_stride", "key_out.head_stride"}, p.key_out,
                                           p.key_out.data ? kv_tokens : 0, p.heads, d),
-      paged_layout("key_cache", KVROPE_DETAIL_PAGE_STRIDES(key_cache), p.key_cache, cache_pages, p.page_size, p.heads,
-                   d),
-      paged_layout("value_cache", KVROPE_DETAIL_PAGE_STRIDES(value_cache), p.value_cache, cache_pages, p.page_size,
-                   p.heads, d),
+      paged_layout("key_cache", {"key_cache.page_stride", "key_cache.offset_stride", "key_cache.head_stride"},
+                   p.key_cache, cache_pages, p.page_size, p.heads, d),
+      paged_layout("value_cache", {"value_cache.page_stride", "value_cache.offset_stride", "value_cache.head_stride"},
+                   p.value_cache, cache_pages, p.page_size, p.heads, d),
       // (the flag too: no output may overlap it)
       flat_layout("error_flag", p.error_flag, 4, p.error_flag ? 1 : 0)};
   return check_tensors(in, out);

@@ -28,10 +28,10 @@ std::array<Layout, 4> common_inputs(const BackwardCommon<T, Pos>& p) {
   const int64_t table_batch = p.heads > 0 ? p.batch : 0;
   const int64_t rotary = effective_rotary_dim(p.rotary_dim, p.head_dim);
   const Layout pos = flat_layout("cache_position", p.cache_position, sizeof(Pos), p.batch > 0 ? p.seq_len : 0);
-  return {head_layout("key_states", KVROPE_DETAIL_HEAD_STRIDES(key_states), p.key_states, key_batch, p.heads, p.seq_len,
-                      p.head_dim),
-          token_layout("cos", KVROPE_DETAIL_TOKEN_STRIDES(cos), p.cos, table_batch, p.seq_len, rotary),
-          token_layout("sin", KVROPE_DETAIL_TOKEN_STRIDES(sin), p.sin, table_batch, p.seq_len, rotary), pos};
+  return {head_layout("key_states", {"key_states.batch_stride", "key_states.head_stride", "key_states.seq_stride"},
+                      p.key_states, key_batch, p.heads, p.seq_len, p.head_dim),
+          token_layout("cos", {"cos.batch_stride", "cos.seq_stride"}, p.cos, table_batch, p.seq_len, rotary),
+          token_layout("sin", {"sin.batch_stride", "sin.seq_stride"}, p.sin, table_batch, p.seq_len, rotary), pos};
 }
 
 // A table gradient's batch extent: 0 when not asked for, 1 when summed over the batch (batch stride 0).
@@ -43,14 +43,17 @@ int64_t table_grad_batch(const TokenRows<T>& v, int64_t batch) {
 template <typename T, typename Pos>
 std::array<Layout, 4> common_outputs(const BackwardCommon<T, Pos>& p) {
   const int64_t rotary = effective_rotary_dim(p.rotary_dim, p.head_dim);
-  return {head_layout("grad_key_states", KVROPE_DETAIL_HEAD_STRIDES(grad_key_states), p.grad_key_states, p.batch,
-                      p.heads, p.seq_len, p.head_dim),
-          head_layout("grad_value_states", KVROPE_DETAIL_HEAD_STRIDES(grad_value_states), p.grad_value_states, p.batch,
-                      p.heads, p.seq_len, p.head_dim),
-          token_layout("grad_cos", KVROPE_DETAIL_TOKEN_STRIDES(grad_cos), p.grad_cos,
-                       table_grad_batch(p.grad_cos, p.batch), p.seq_len, rotary),
-          token_layout("grad_sin", KVROPE_DETAIL_TOKEN_STRIDES(grad_sin), p.grad_sin,
-                       table_grad_batch(p.grad_sin, p.batch), p.seq_len, rotary)};
+  return {
+      head_layout("grad_key_states",
+                  {"grad_key_states.batch_stride", "grad_key_states.head_stride", "grad_key_states.seq_stride"},
+                  p.grad_key_states, p.batch, p.heads, p.seq_len, p.head_dim),
+      head_layout("grad_value_states",
+                  {"grad_value_states.batch_stride", "grad_value_states.head_stride", "grad_value_states.seq_stride"},
+                  p.grad_value_states, p.batch, p.heads, p.seq_len, p.head_dim),
+      token_layout("grad_cos", {"grad_cos.batch_stride", "grad_cos.seq_stride"}, p.grad_cos,
+                   table_grad_batch(p.grad_cos, p.batch), p.seq_len, rotary),
+      token_layout("grad_sin", {"grad_sin.batch_stride", "grad_sin.seq_stride"}, p.grad_sin,
+                   table_grad_batch(p.grad_sin, p.batch), p.seq_len, rotary)};
 }
 
 // A [B, H, S_max, D] cache (or cache gradient) of the call.
@@ -63,8 +66,12 @@ Layout cache_layout(const BackwardCommon<T, Pos>& p, const char* name, const cha
 // gK and gV of either variant: inputs out of place, outputs in place.
 template <typename Params>
 std::array<Layout, 2> incoming_caches(const Params& p) {
-  return {cache_layout(p, "grad_key_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache), p.grad_key_cache),
-          cache_layout(p, "grad_value_cache", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache), p.grad_value_cache)};
+  return {cache_layout(p, "grad_key_cache",
+                       {"grad_key_cache.batch_stride", "grad_key_cache.head_stride", "grad_key_cache.seq_stride"},
+                       p.grad_key_cache),
+          cache_layout(p, "grad_value_cache",
+                       {"grad_value_cache.batch_stride", "grad_value_cache.head_stride", "grad_value_cache.seq_stride"},
+                       p.grad_value_cache)};
 }
 
 // Checks an out-of-place call without touching the device: sizes, required pointers (a tensor with
@@ -73,8 +80,13 @@ template <typename T, typename Pos>
 Status validate_backward(const BackwardParams<T, Pos>& p) {
   if (Status s = check_common_sizes(p); !s) return s;
   const std::array<Layout, 2> cache_grads{
-      cache_layout(p, "grad_key_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_key_cache_input), p.grad_key_cache_input),
-      cache_layout(p, "grad_value_cache_input", KVROPE_DETAIL_HEAD_STRIDES(grad_value_cache_input),
+      cache_layout(
+          p, "grad_key_cache_input",
+          {"grad_key_cache_input.batch_stride", "grad_key_cache_input.head_stride", "grad_key_cache_input.seq_stride"},
+          p.grad_key_cache_input),
+      cache_layout(p, "grad_value_cache_input",
+                   {"grad_value_cache_input.batch_stride", "grad_value_cache_input.head_stride",
+                    "grad_value_cache_input.seq_stride"},
                    p.grad_value_cache_input)};
   // The workspace is written too: an output of two 32-bit words (none without it).
   const std::array<Layout, 1> workspace{

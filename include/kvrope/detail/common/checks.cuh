@@ -194,11 +194,6 @@ Status check_tensors(const std::array<Layout, NIn>& in, const std::array<Layout,
   return {};
 }
 
-#define KVROPE_DETAIL_HEAD_STRIDES(x) \
-  { #x ".batch_stride", #x ".head_stride", #x ".seq_stride" }
-#define KVROPE_DETAIL_TOKEN_STRIDES(x) \
-  { #x ".batch_stride", #x ".seq_stride" }
-
 template <typename T, size_t N, size_t M>
 std::array<T, N + M> concat(const std::array<T, N>& a, const std::array<T, M>& b) {
   std::array<T, N + M> out;

@@ -42,29 +42,30 @@ Status validate_forward(const ForwardParams<T, Pos>& p) {
   const bool q_in_place = p.query_out.data == nullptr;
   const int64_t q_batch = p.query_heads > 0 ? p.batch : 0;
   const std::array<Layout, 8> in{
-      head_layout("key_states", KVROPE_DETAIL_HEAD_STRIDES(key_states), p.key_states, p.batch, p.heads, p.seq_len,
-                  p.head_dim),
-      head_layout("value_states", KVROPE_DETAIL_HEAD_STRIDES(value_states), p.value_states, p.batch, p.heads, p.seq_len,
-                  p.head_dim),
+      head_layout("key_states", {"key_states.batch_stride", "key_states.head_stride", "key_states.seq_stride"},
+                  p.key_states, p.batch, p.heads, p.seq_len, p.head_dim),
+      head_layout("value_states", {"value_states.batch_stride", "value_states.head_stride", "value_states.seq_stride"},
+                  p.value_states, p.batch, p.heads, p.seq_len, p.head_dim),
       flat_layout("cache_position", p.cache_position, sizeof(Pos), p.batch > 0 ? p.seq_len : 0),
-      token_layout("cos", KVROPE_DETAIL_TOKEN_STRIDES(cos), p.cos, per_token ? p.batch : 0, p.seq_len, rotary),
-      token_layout("sin", KVROPE_DETAIL_TOKEN_STRIDES(sin), p.sin, per_token ? p.batch : 0, p.seq_len, rotary),
+      token_layout("cos", {"cos.batch_stride", "cos.seq_stride"}, p.cos, per_token ? p.batch : 0, p.seq_len, rotary),
+      token_layout("sin", {"sin.batch_stride", "sin.seq_stride"}, p.sin, per_token ? p.batch : 0, p.seq_len, rotary),
       flat_layout(p.cos_sin_cache_f32 ? "cos_sin_cache_f32" : "cos_sin_cache",
                   p.cos_sin_cache_f32 ? static_cast<const void*>(p.cos_sin_cache_f32) : p.cos_sin_cache,
                   p.cos_sin_cache_f32 ? 4 : sizeof(T), table_rows * rotary),
       flat_layout("position_ids", p.position_ids, sizeof(Pos), ids),
-      head_layout("query", KVROPE_DETAIL_HEAD_STRIDES(query), HeadRows<const T>(p.query), q_in_place ? 0 : q_batch,
-                  p.query_heads, p.seq_len, p.head_dim)};
-  const std::array<Layout, 4> out{head_layout("key_cache", KVROPE_DETAIL_HEAD_STRIDES(key_cache), p.key_cache, p.batch,
-                                              p.heads, p.cache_len, p.head_dim),
-                                  head_layout("value_cache", KVROPE_DETAIL_HEAD_STRIDES(value_cache), p.value_cache,
-                                              p.batch, p.heads, p.cache_len, p.head_dim),
-                                  head_layout("key_out", KVROPE_DETAIL_HEAD_STRIDES(key_out), p.key_out,
-                                              p.key_out.data ? p.batch : 0, p.heads, p.seq_len, p.head_dim),
-                                  q_in_place ? head_layout("query", KVROPE_DETAIL_HEAD_STRIDES(query), p.query, q_batch,
-                                                           p.query_heads, p.seq_len, p.head_dim)
-                                             : head_layout("query_out", KVROPE_DETAIL_HEAD_STRIDES(query_out),
-                                                           p.query_out, q_batch, p.query_heads, p.seq_len, p.head_dim)};
+      head_layout("query", {"query.batch_stride", "query.head_stride", "query.seq_stride"}, HeadRows<const T>(p.query),
+                  q_in_place ? 0 : q_batch, p.query_heads, p.seq_len, p.head_dim)};
+  const std::array<Layout, 4> out{
+      head_layout("key_cache", {"key_cache.batch_stride", "key_cache.head_stride", "key_cache.seq_stride"}, p.key_cache,
+                  p.batch, p.heads, p.cache_len, p.head_dim),
+      head_layout("value_cache", {"value_cache.batch_stride", "value_cache.head_stride", "value_cache.seq_stride"},
+                  p.value_cache, p.batch, p.heads, p.cache_len, p.head_dim),
+      head_layout("key_out", {"key_out.batch_stride", "key_out.head_stride", "key_out.seq_stride"}, p.key_out,
+                  p.key_out.data ? p.batch : 0, p.heads, p.seq_len, p.head_dim),
+      q_in_place ? head_layout("query", {"query.batch_stride", "query.head_stride", "query.seq_stride"}, p.query,
+                               q_batch, p.query_heads, p.seq_len, p.head_dim)
+                 : head_layout("query_out", {"query_out.batch_stride", "query_out.head_stride", "query_out.seq_stride"},
+                               p.query_out, q_batch, p.query_heads, p.seq_len, p.head_dim)};
   return check_tensors(in, out);
 }
 

@@ -62,8 +62,7 @@ struct BulkRing {
   }
 };
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define KVROPE_HAS_BULK_COPY 1
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (the bulk-copy role: sm_90+ device code only)
 
 //! Chunk c's rows marked in the mask, and its runs of unmarked rows (each start of one: an unmarked row
 //! first in the chunk or after a marked one), the same in every lane: lane k reads the chunk's k-th mask
@@ -421,8 +420,6 @@ __device__ __forceinline__ void bulk_copy_role(const FusedArgs<T>& a, uint32_t* 
   bulk_drain();
 }
 
-#else
-#define KVROPE_HAS_BULK_COPY 0
 #endif
 
 }  // namespace kvrope::detail

@@ -18,7 +18,7 @@ namespace kvrope::detail {
 template <bool kInPlace, typename T, typename Hook>
 __device__ __forceinline__ bool build_first_mask(const FusedArgs<T>& a, uint32_t* mask, int* repeats, bool token_warp,
                                                  Hook&& in_place_hook) {
-#if KVROPE_HAS_BULK_COPY
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (copy_bulk.cuh: the bulk-copy role)
   const bool bulk_build = a.bulk;
 #else
   constexpr bool bulk_build = false;
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads) backward_kernel(const FusedA
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   const bool token_warp = kInPlace || warp < a.token_warps;
-#if KVROPE_HAS_BULK_COPY
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (copy_bulk.cuh: the bulk-copy role)
   if (!kInPlace && a.bulk && !token_warp) {
     bulk_copy_role(a, mask, &repeats, lane);
     return;
