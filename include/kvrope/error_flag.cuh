@@ -1,4 +1,4 @@
-// The error flag both ops report bad positions through: its bits, and the helpers that reset and read it.
+// The error flag every op reports bad positions and slots through: its bits, and the helpers that reset and read it.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,4 +1,4 @@
-// The reference's tolerance (docs/spec.md §1.7) and the frame both ops' checkers share: ulp, the bound
+// The reference's tolerance (docs/spec.md §1.7) and the frame every op's checker shares: ulp, the bound
 // of a computed output, the position wrap, and a parallel tally of mismatches.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Whether a strided view's rows are all 16-byte aligned (the vector paths of both ops).
+// Whether a strided view's rows are all 16-byte aligned (the vector paths of the backward and the forward).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Host-side checks both ops validate with: tensor layouts, pointers, strides, overlapping rows, aliasing,
+// Host-side checks every op's validate is built from: tensor layouts, pointers, strides, overlapping rows, aliasing,
 // and the size limits of the kernels' 32-bit row indices.
 #pragma once
 
@@ -138,7 +138,7 @@ inline bool overlaps(const Layout& a, const Layout& b) {
   return lattice_hits(a, b, bytes / a.elem_bytes, a.dims - 1, order);
 }
 
-// A head row's size and rotation, as both ops take them.
+// A head row's size and rotation, as every op takes them.
 inline Status check_rotation(int64_t head_dim, int64_t rotary_dim, RotaryStyle style) {
   if (head_dim <= 0 || head_dim % 2 != 0) return fail(StatusCode::kInvalidHeadDim, "head_dim");
   if (rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2 != 0)
@@ -148,7 +148,7 @@ inline Status check_rotation(int64_t head_dim, int64_t rotary_dim, RotaryStyle s
   return {};
 }
 
-// The sizes both ops take: none negative, named in this order.
+// The sizes of the backward and the forward: none negative, named in this order.
 inline Status check_sizes(int64_t batch, int64_t heads, int64_t seq_len, int64_t cache_len) {
   if (batch < 0) return fail(StatusCode::kInvalidSize, "batch");
   if (heads < 0) return fail(StatusCode::kInvalidSize, "heads");
