@@ -313,7 +313,9 @@ int64_t check_backward(const at::Tensor& grad_key_cache, const at::Tensor& grad_
   check_rows("grad_value_cache", grad_value_cache, g, grad_key_cache.sizes());
   TORCH_CHECK_VALUE(cache_position.dim() == 1, "kvrope: cache_position must be [S], got ",
                     dims(cache_position.sizes()));
-  const int64_t s = cache_position.size(0);
+  // S from the tables (cos [B or 1, S, R]), as the forward takes it from key_states: a cache_position of
+  // another length is then named as such.
+  const int64_t s = cos.dim() == 3 ? cos.size(1) : cache_position.size(0);
   check_positions("cache_position", cache_position, g, s);
   const int64_t r = check_tables(cos, sin, g, b, s, d);
   if (table_grads) {

@@ -285,6 +285,8 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
     float32 of one element, None: 1; as ``rope_append_``). Unlike k_scale, a q_scale without an fp8
     query_out is refused: no vLLM call passes it."""
     d = int(head_size) if head_size is not None else key_cache.shape[-1]
+    if d != key_cache.shape[-1]:  # (else a later check, of the tables or of q, would be blamed)
+        raise ValueError(f"kvrope: head_size {d} differs from the caches' D = {key_cache.shape[-1]}")
     positions = positions.flatten()
     slots = slot_mapping.flatten()
     tokens, n = positions.shape[0], slots.shape[0]

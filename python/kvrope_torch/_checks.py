@@ -152,7 +152,9 @@ def check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache
     _check_rows("grad_value_cache", grad_value_cache, like, (b, h, s_max, d))
     if cache_position.dim() != 1:
         raise ValueError(f"kvrope: cache_position must be [S], got {_dims(cache_position.shape)}")
-    s = cache_position.shape[0]
+    # S from the tables (cos [B or 1, S, R]), as the forward takes it from key_states: a cache_position of
+    # another length is then named as such.
+    s = cos.shape[1] if cos is not None and cos.dim() == 3 else cache_position.shape[0]
     _check_positions("cache_position", cache_position, like, s)
     _check_tables(cos, sin, like, b, s, d)
     if table_grads:

@@ -1021,3 +1021,17 @@ def test_cuda_graph_vllm_function():
     assert torch.equal(q, ref[1]) and torch.equal(k, ref[2])
     assert torch.equal(kc, ref[4]) and torch.equal(vc, ref[5])
     assert not kc[0, 6:8].any(), "padded slots wrote a row"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rotary_embedding_and_cache_names_a_wrong_head_size(device):
+    """A head_size that is not the caches' D is named as such (it was blamed on cos_sin_cache)."""
+    n, hq, h, d = 3, 4, 2, 32
+    positions = torch.arange(n, device=device)
+    query, key = (torch.randn(n, x * d, device=device) for x in (hq, h))
+    value = torch.randn(n, h, d, device=device)
+    key_cache = torch.randn(2, 16, h, d, device=device)
+    table = torch.randn(8, d, device=device)
+    with pytest.raises(ValueError, match="head_size 16 differs from the caches' D = 32"):
+        kvrope_torch.rotary_embedding_and_cache(positions, query, key, value, key_cache, key_cache.clone(),
+                                                torch.arange(n, device=device), table, True, head_size=16)

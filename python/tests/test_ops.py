@@ -299,6 +299,11 @@ def test_errors_are_clear(device):
         kvrope_torch.backward_(gk, torch.ones(1, device=device).expand_as(gv), k, cos, sin, pos)
     with pytest.raises(ValueError, match="rotary_dim 4 differs"):
         torch.ops.kvrope.backward(gk, gv, k, cos, sin, pos, 4, 0, True)
+    # a cache_position of the wrong length is named, in the backward as in the forward
+    with pytest.raises(ValueError, match=r"cache_position has shape \[2\], expected \[5\]"):
+        kvrope_torch.backward(gk, gv, k, cos, sin, pos[:2])
+    with pytest.raises(ValueError, match=r"cache_position has shape \[2\], expected \[5\]"):
+        kvrope_torch.forward(k, v, kc, vc, pos[:2], cos, sin)
     with pytest.raises(ValueError, match="style must be 0"):
         torch.ops.kvrope.backward(gk, gv, k, cos, sin, pos, 0, 7, True)
     # the first tensor's last dim (the one the others are compared with), strided and expanded
