@@ -119,9 +119,15 @@ inline bool lattice_hits(const Layout& a, const Layout& b, int64_t distance, int
   return false;
 }
 
-inline bool overlaps(const Layout& a, const Layout& b) {
-  if (a.elements() == 0 || b.elements() == 0) return false;
-  if (a.hi() <= b.lo() || b.hi() <= a.lo()) return false;
+inline bool overlaps(const Layout& a0, const Layout& b0) {
+  if (a0.elements() == 0 || b0.elements() == 0) return false;
+  if (a0.hi() <= b0.lo() || b0.hi() <= a0.lo()) return false;
+  // A dim of extent 1 in both never moves, so its strides do not matter: torch gives a size-1 dim the
+  // stride of what is inside it, so q and k of one fused qkv differ there at S = 1 (Hq D against H D).
+  Layout a = a0, b = b0;
+  if (a.dims == b.dims)
+    for (int i = 0; i < a.dims; ++i)
+      if (a.extent[i] <= 1 && b.extent[i] <= 1) a.stride[i] = b.stride[i] = 0;
   const bool same_strides = a.elem_bytes == b.elem_bytes && a.row == b.row && a.dims == b.dims && a.stride == b.stride;
   const int64_t bytes = static_cast<int64_t>(b.lo()) - static_cast<int64_t>(a.lo());
   if (!same_strides || bytes % a.elem_bytes != 0) return true;  // conservative
