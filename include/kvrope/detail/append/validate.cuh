@@ -55,7 +55,8 @@ Status check_append_sizes(const AppendParams<T, C, Pos>& p) {
     return fail(StatusCode::kConflictingFields, "cos_sin_cache", "cos_sin_cache_f32");
   if (p.query_out_fp8.data != nullptr && p.query_out.data != nullptr)
     return fail(StatusCode::kConflictingFields, "query_out_fp8", "query_out");
-  if (p.query_scale != nullptr && p.query_out_fp8.data == nullptr)
+  // (an fp8 query_out with no rows, T = 0 or Hq = 0, may have no data: torch gives an empty tensor none)
+  if (p.query_scale != nullptr && p.query_out_fp8.data == nullptr && p.tokens > 0 && p.query_heads > 0)
     return fail(StatusCode::kConflictingFields, "query_scale", "query_out_fp8");
   if (p.key_in_place && p.key_out.data != nullptr)
     return fail(StatusCode::kConflictingFields, "key_in_place", "key_out");
