@@ -90,3 +90,49 @@ def test_restore_puts_the_stock_forward_back():
     assert kvrope_torch.hf.restore(model) == 2
     with pytest.raises(ValueError, match="no attention module"):
         kvrope_torch.hf.use_kvrope(torch.nn.Linear(2, 2))
+
+
+_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,seq", [(1, 1), (2, 1), (3, 1), (16, 1), (3, 7), (16, 5)])
+def test_phi3_fused_qkv_views_in_place_give_the_stock_rotation_and_cache(device, dtype, batch, seq):
+    """forward_ on the views Phi-3's own attention makes of its qkv_proj output (q rotated in place
+    inside the fused projection, GQA, partial rotary 0.5), against the stock apply_rotary_pos_emb and a
+    static cache's index_copy_ (issue 45: refused at batch > 1 before)."""
+    from transformers.models.phi3 import modeling_phi3
+    torch.manual_seed(batch * 100 + seq)
+    config = transformers.Phi3Config(vocab_size=VOCAB, hidden_size=256, intermediate_size=128, num_hidden_layers=1,
+                                     num_attention_heads=8, num_key_value_heads=2, partial_rotary_factor=0.5,
+                                     max_position_embeddings=64, pad_token_id=0)
+    model = transformers.Phi3ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    attn = model.model.layers[0].self_attn
+    hidden = torch.randn(batch, seq, config.hidden_size, device=device, dtype=dtype)
+    start = 9
+    position_ids = (start + torch.arange(seq, device=device)).expand(batch, seq)
+    with torch.no_grad():
+        cos, sin = model.model.rotary_emb(hidden, position_ids)
+        # Phi3Attention.forward's views, as transformers 5.17 writes them.
+        hidden_shape = (batch, seq, -1, attn.head_dim)
+        qkv = attn.qkv_proj(hidden)
+        query_pos = config.num_attention_heads * attn.head_dim
+        kv = attn.num_key_value_heads * attn.head_dim
+        query_states = qkv[..., :query_pos].view(hidden_shape).transpose(1, 2)
+        key_states = qkv[..., query_pos:query_pos + kv].view(hidden_shape).transpose(1, 2)
+        value_states = qkv[..., query_pos + kv:].view(hidden_shape).transpose(1, 2)
+        want_q, want_k = modeling_phi3.apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        cache_len = 32
+        rows = start + torch.arange(seq, device=device)
+        want_kc = torch.randn(batch, config.num_key_value_heads, cache_len, attn.head_dim, device=device,
+                              dtype=dtype)
+        want_vc = torch.randn_like(want_kc)
+        key_cache, value_cache = want_kc.clone(), want_vc.clone()
+        want_kc.index_copy_(2, rows, want_k)
+        want_vc.index_copy_(2, rows, value_states)
+        kvrope_torch.forward_(key_states, value_states, key_cache, value_cache, rows, cos, sin, query=query_states)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(query_states, want_q, **tol)  # rotated in place, inside qkv
+    torch.testing.assert_close(key_cache, want_kc, **tol)
+    assert torch.equal(value_cache, want_vc)  # v is a copy

@@ -119,6 +119,12 @@ inline bool lattice_hits(const Layout& a, const Layout& b, int64_t distance, int
   return false;
 }
 
+// Views with different strides are compared row by row, when the view of fewer rows has at most this many
+// (a few microseconds of host time); beyond it the answer is conservative.
+inline constexpr int64_t kMaxOverlapRowProbes = 4096;
+
+inline bool overlaps_rows(const Layout& a, const Layout& b);
+
 inline bool overlaps(const Layout& a0, const Layout& b0) {
   if (a0.elements() == 0 || b0.elements() == 0) return false;
   if (a0.hi() <= b0.lo() || b0.hi() <= a0.lo()) return false;
@@ -128,9 +134,10 @@ inline bool overlaps(const Layout& a0, const Layout& b0) {
   if (a.dims == b.dims)
     for (int i = 0; i < a.dims; ++i)
       if (a.extent[i] <= 1 && b.extent[i] <= 1) a.stride[i] = b.stride[i] = 0;
-  const bool same_strides = a.elem_bytes == b.elem_bytes && a.row == b.row && a.dims == b.dims && a.stride == b.stride;
+  const bool same_rows = a.elem_bytes == b.elem_bytes && a.row == b.row && a.dims == b.dims;
   const int64_t bytes = static_cast<int64_t>(b.lo()) - static_cast<int64_t>(a.lo());
-  if (!same_strides || bytes % a.elem_bytes != 0) return true;  // conservative
+  if (!same_rows || bytes % a.elem_bytes != 0) return true;  // conservative
+  if (a.stride != b.stride) return overlaps_rows(a, b);
   // The search is exact when each stride exceeds the reach of the dims inside it; else conservative.
   const std::array<int, 3> order = by_stride(a);
   int64_t reach = a.row;
@@ -142,6 +149,25 @@ inline bool overlaps(const Layout& a0, const Layout& b0) {
     reach += (e - 1) * a.stride[i];
   }
   return lattice_hits(a, b, bytes / a.elem_bytes, a.dims - 1, order);
+}
+
+// Views of one row size with different strides: each row of the view with fewer rows, as a view of one
+// row given the other's strides (a dim of extent 1 in both is then ignored), against the other view.
+inline bool overlaps_rows(const Layout& a0, const Layout& b0) {
+  const bool a_fewer = a0.elements() <= b0.elements();
+  const Layout& few = a_fewer ? a0 : b0;
+  const Layout& many = a_fewer ? b0 : a0;
+  if (few.elements() / few.row > kMaxOverlapRowProbes) return true;  // conservative
+  Layout probe = many;
+  probe.extent = {1, 1, 1};
+  const auto* base = static_cast<const char*>(few.data);
+  for (int64_t i0 = 0; i0 < few.extent[0]; ++i0)
+    for (int64_t i1 = 0; i1 < (few.dims > 1 ? few.extent[1] : 1); ++i1)
+      for (int64_t i2 = 0; i2 < (few.dims > 2 ? few.extent[2] : 1); ++i2) {
+        probe.data = base + (i0 * few.stride[0] + i1 * few.stride[1] + i2 * few.stride[2]) * few.elem_bytes;
+        if (overlaps(probe, many)) return true;
+      }
+  return false;
 }
 
 // A head row's size and rotation, as every op takes them.
