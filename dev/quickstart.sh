@@ -5,9 +5,10 @@
 # forward and backward against plain PyTorch (a few seconds).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-if ! python3 -c "import torch" 2> /dev/null; then
-  echo "quickstart: installing torch 2.11 (about 2.7 GB with its CUDA packages)"
-  python3 -m pip install "torch==2.11.0" pytest wheel
+# (numpy too: torch warns "Failed to initialize NumPy" at every import without it)
+if ! python3 -c "import torch, numpy" 2> /dev/null; then
+  echo "quickstart: installing torch 2.11 and numpy (about 2.7 GB with torch's CUDA packages)"
+  python3 -m pip install "torch==2.11.0" numpy pytest wheel
 fi
 if ! python3 -c "import kvrope_torch" 2> /dev/null; then
   echo "quickstart: building kvrope_torch (4-5 minutes on 2 cores)"
