@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The closing GPU call of an append change, from the repository root on the GPU machine, within one
-# 600 s call: builds this tree (tests, bench), a base tree's bench (BASE/src, carried), the PyTorch package
-# and FlashInfer's JIT modules (the last two in the background); runs the append GPU tests, the random
-# test (RANDOM_CONFIGS), the four compute-sanitizer tools over the append tests, the A/B of the base and
-# this tree on the serve suites (the base's cases), the backward's leaderboard and the forward suite, this
-# tree's serve suites checked (all cases, the host time), pytest, and bench/flashinfer_compare.py with
-# dev/scripts/serve_vs_flashinfer.py. Logs in $OUT/logs.tar.gz, the summary in $OUT/summary.txt.
-# Carry .deps, peers and BASE.
+# The closing GPU call of a change, from the repository root on the GPU machine, within one 600 s call:
+# builds this tree (the GPU tests, the bench), a base tree's bench (BASE/src, carried: `git archive` of the
+# commit compared against) and, in the background, the PyTorch package and FlashInfer's JIT modules; runs
+# every GPU test, the random append test (RANDOM_CONFIGS), the four compute-sanitizer tools over the append
+# tests (SANITIZE=0 skips them), the A/B of the base and this tree on every suite (unchecked; the serve
+# suites on the base's cases), this tree's serve suites checked (all cases, the host time), pytest, and
+# bench/flashinfer_compare.py with dev/scripts/serve_vs_flashinfer.py (COMPARE=0 skips it). EXP_SED, a sed
+# expression, builds a third bench from this tree with it applied (an experiment, e.g. a policy constant),
+# timed beside the A/B on EXP_SUITES. Logs in $OUT/logs.tar.gz (the device returns few files), the summary in
+# $OUT/summary.txt. Carry .deps, peers and BASE.
+#   BASE=build-base dev/scripts/closing_call.sh
 set -uo pipefail
 source .deps/gpu-env.sh
 out=${OUT:-out}
@@ -23,35 +26,51 @@ cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
   cmake --build "$base/b" --target kvrope_bench -j 3 > "$logs/base_build.log" 2>&1
 echo $? > /tmp/base.rc) &
 base_pid=$!
+if [[ -n ${EXP_SED:-} ]]; then
+  (rm -rf /tmp/exp && mkdir -p /tmp/exp/src && git ls-files -z | xargs -0 cp --parents -t /tmp/exp/src &&
+    find /tmp/exp/src/include -name '*.cuh' -exec sed -i "$EXP_SED" {} + &&
+    cmake -S /tmp/exp/src -B /tmp/exp/b "${cfg[@]}" > "$logs/exp_configure.log" 2>&1 &&
+    cmake --build /tmp/exp/b --target kvrope_bench -j 3 > "$logs/exp_build.log" 2>&1
+  echo $? > /tmp/exp.rc) &
+fi
 (TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=3 timeout 400 python3 -m pip install --no-build-isolation --no-deps ./python \
   > "$logs/package.log" 2>&1; echo $? > /tmp/package.rc) &
 (timeout 300 python3 -u bench/flashinfer_compare.py --build-only > "$logs/fi_build.log" 2>&1; echo $? > /tmp/fi.rc) &
 fi_pid=$!
 cmake -S . -B build-gpu "${cfg[@]}" > "$logs/configure.log" 2>&1 &&
-  cmake --build build-gpu -j 9 --target kvrope_bench gpu_append gpu_append_random > "$logs/build.log" 2>&1
+  cmake --build build-gpu -j 9 --target kvrope_bench kvrope_gpu_append kvrope_gpu_append_random kvrope_gpu_forward \
+    kvrope_gpu_backward kvrope_gpu_launch kvrope_gpu_random > "$logs/build.log" 2>&1
 summary+=("build: rc $? ($SECONDS s)")
-timeout 120 build-gpu/tests/gpu/gpu_append > "$logs/gpu_append.log" 2>&1
-summary+=("gpu_append: rc $? ($(tail -n 2 "$logs/gpu_append.log" | head -n 1)) ($SECONDS s)")
+for t in append forward backward launch random; do
+  timeout 150 build-gpu/tests/gpu/gpu_$t > "$logs/gpu_$t.log" 2>&1
+  summary+=("gpu_$t: rc $? ($(grep -E 'passed|failed' "$logs/gpu_$t.log" | tail -n 1)) ($SECONDS s)")
+done
 KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} timeout 150 build-gpu/tests/gpu/gpu_append_random > "$logs/append_random.log" 2>&1
 summary+=("append_random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$logs/append_random.log" | head -n 1)) ($SECONDS s)")
-SANITIZE_TIMEOUT=150 JOBS=12 BINARIES='gpu_append*' timeout 200 dev/scripts/sanitize_all.sh build-gpu /tmp/san \
-  > "$logs/sanitize.txt" 2>&1
-summary+=("sanitize (append tests, 4 tools): rc $? ($(tail -n 1 "$logs/sanitize.txt")) ($SECONDS s)")
-grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san/*.log 2>/dev/null | sort | uniq -c > "$logs/sanitize_summaries.txt"
+if [[ ${SANITIZE:-1} == 1 ]]; then
+  SANITIZE_TIMEOUT=150 JOBS=12 BINARIES='gpu_append*' timeout 200 dev/scripts/sanitize_all.sh build-gpu /tmp/san \
+    > "$logs/sanitize.txt" 2>&1
+  summary+=("sanitize (append tests, 4 tools): rc $? ($(tail -n 1 "$logs/sanitize.txt")) ($SECONDS s)")
+  grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san/*.log 2>/dev/null | sort | uniq -c > "$logs/sanitize_summaries.txt"
+fi
 wait $base_pid $fi_pid  # (the package may still be building: pytest comes last)
-summary+=("base build: rc $(cat /tmp/base.rc) flashinfer JIT: rc $(cat /tmp/fi.rc) ($SECONDS s)")
+[[ -n ${EXP_SED:-} ]] && while [[ ! -f /tmp/exp.rc ]]; do sleep 2; done
+summary+=("base build: rc $(cat /tmp/base.rc) flashinfer JIT: rc $(cat /tmp/fi.rc) exp: rc $(cat /tmp/exp.rc 2>/dev/null) ($SECONDS s)")
 # A/B, unchecked, base then this tree: serve suites on the base's cases, the backward, the forward.
-for s in serve-decode serve-prefill leaderboard forward; do
+for s in serve-decode serve-prefill leaderboard forward decode styles; do
   args=(--iters=$iters --no_check)
   case $s in
     serve-decode) args+=(--variants=kvrope,kvrope_kip --cases=$(seq -s, 1 48)) ;;
     serve-prefill) args+=(--variants=kvrope,kvrope_kip --cases=$(seq -s, 1 32)) ;;
     leaderboard) args+=(--variants=fused,inplace) ;;
-    forward) args+=(--variants=fwd) ;;
+    forward | decode | styles) ;;
   esac
-  for side in base new; do
+  sides=(base new)
+  [[ " ${EXP_SUITES:-} " == *" $s "* && $(cat /tmp/exp.rc 2>/dev/null) == 0 ]] && sides+=(exp)
+  for side in "${sides[@]}"; do
     bench=build-gpu/bench/kvrope_bench
     [[ $side == base ]] && bench=$base/b/bench/kvrope_bench
+    [[ $side == exp ]] && bench=/tmp/exp/b/bench/kvrope_bench
     timeout 100 "$bench" --suite=$s "${args[@]}" --kvrope_json="$logs/ab_${side}_$s.json" > "$logs/ab_${side}_$s.log" 2>&1
     summary+=("ab $side $s: rc $? ($SECONDS s)")
   done
@@ -60,7 +79,7 @@ for s in serve-decode serve-prefill; do
   timeout 150 build-gpu/bench/kvrope_bench --suite=$s --iters=$iters --kvrope_json="$logs/$s.json" > "$logs/$s.log" 2>&1
   summary+=("$s checked: rc $? ($SECONDS s)")
 done
-if (($(left) > 150)); then
+if [[ ${COMPARE:-1} == 1 ]] && (($(left) > 150)); then
   timeout $(($(left) - 90)) python3 -u bench/flashinfer_compare.py --iters $iters --json "$logs/flashinfer_compare.json" \
     > "$logs/flashinfer_compare.log" 2>&1
   summary+=("compare: rc $? ($SECONDS s)")
