@@ -128,6 +128,12 @@ struct AppendParams {
   //! token writes no cache row; q and k are still written), a position outside [0, max_position) ORs
   //! kErrorPositionIdOutOfRange (the token writes nothing at all).
   int* error_flag = nullptr;
+
+  //! Programmatic dependent launch (sm_90+; FlashInfer's enable_pdl): the kernel may start while the
+  //! kernel before it in the stream (the QKV projection, say) finishes, and waits for that kernel's writes
+  //! before its first read; it also lets the kernel after it start early the same way. Off: an ordinary
+  //! launch, which starts once the kernel before has ended.
+  bool enable_pdl = false;
 };
 
 //! The kernel an append call launches (docs/design.md, "The serving forward"): chosen from the call's

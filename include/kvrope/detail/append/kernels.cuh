@@ -7,6 +7,7 @@
 
 #include "../../error_flag.cuh"
 #include "../common/async_copy.cuh"
+#include "../common/dependent_launch.cuh"
 #include "args.cuh"
 #include "policy.cuh"
 #include "rows.cuh"
@@ -22,6 +23,8 @@ namespace kvrope::detail {
 template <typename T, typename C, int N, bool kQ8>
 __global__ void __launch_bounds__(kAppendTokenBlockThreads)
     append_token_kernel(const AppendArgs<T, C> a, const AppendGeometry g) {
+  wait_for_prior_grids();  // (enable_pdl: the kernel before may still be writing q, k, v)
+  allow_dependent_grids();
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const uint32_t warp = blockIdx.x * (kAppendTokenBlockThreads / 32) + threadIdx.x / 32;
   const int64_t token = g.div_token_warps.div32(warp);
@@ -65,6 +68,8 @@ template <typename T, typename C, int N, bool kRings, bool kQ8>
 __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm)
     append_tile_kernel(const AppendArgs<T, C> a, const AppendGeometry g) {
   extern __shared__ __align__(16) unsigned char shared[];
+  wait_for_prior_grids();  // (enable_pdl: the kernel before may still be writing q, k, v)
+  allow_dependent_grids();
   const TileLayout at = tile_layout(g.tile_tokens, g.hash_slots, g.table_row_bytes);
   const int lanes = g.lanes;
   const int lane = static_cast<int>(threadIdx.x) & (lanes - 1);

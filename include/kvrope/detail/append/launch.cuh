@@ -7,6 +7,7 @@
 #include "../../append_params.cuh"
 #include "../../core/dtype.cuh"
 #include "../../core/status.cuh"
+#include "../common/dependent_launch.cuh"
 #include "../common/device.cuh"
 #include "kernels.cuh"
 #include "plan.cuh"
@@ -15,7 +16,8 @@
 namespace kvrope::detail {
 
 template <typename T, typename C>
-Status launch_append(const AppendArgs<T, C>& a, cudaStream_t stream, AppendPlan* plan_out, bool plan_only) {
+Status launch_append(const AppendArgs<T, C>& a, cudaStream_t stream, bool dependent, AppendPlan* plan_out,
+                     bool plan_only) {
   static_assert(kIsSupportedType<T>, "kvrope: T must be __nv_bfloat16, __half or float");
   constexpr int kWide = 16 / sizeof(T);
   const int n = append_chunk(a);
@@ -44,15 +46,15 @@ Status launch_append(const AppendArgs<T, C>& a, cudaStream_t stream, AppendPlan*
   plan_append_geometry(a, path, n, sms, resident, g, plan);
   if (plan_out) *plan_out = plan;
   if (plan_only || path == AppendPath::kNone) return {};
-  kernel<<<plan.grid, plan.block, plan.shared_bytes, stream>>>(a, g);
-  return cuda_status(cudaGetLastError(), "kernel launch");
+  return cuda_status(launch_kernel(kernel, plan.grid, plan.block, plan.shared_bytes, stream, dependent, a, g),
+                     "kernel launch");
 }
 
 //! Validates an append call, plans it on the current device and launches it unless `plan_only`.
 template <typename T, typename C, typename Pos>
 Status run_append(const AppendParams<T, C, Pos>& params, cudaStream_t stream, AppendPlan* plan, bool plan_only) {
   if (Status s = validate_append(params); !s) return s;
-  return launch_append(append_args(params), stream, plan, plan_only);
+  return launch_append(append_args(params), stream, params.enable_pdl, plan, plan_only);
 }
 
 }  // namespace kvrope::detail
