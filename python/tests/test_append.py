@@ -741,8 +741,8 @@ BAD_FP8_CALLS = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fp8", [False, True])
 def test_errors_are_clear(device, fp8):
-    """Every argument checked before any work, the CUDA op in C++ (csrc/checks.cpp), the CPU and fake ones
-    in Python (kvrope_torch/_checks.py), with the same messages; nothing is written by a failing call."""
+    """Every argument checked before any work, by one copy of the checks (csrc/checks.cpp) on CUDA and CPU
+    alike, with the same messages; nothing is written by a failing call."""
     for change, error, message in (BAD_FP8_CALLS if fp8 else BAD_CALLS):
         args, kwargs = small_call(device, cache="fp8_e4m3" if fp8 else "auto")
         before = [a.clone() for a in args]
