@@ -767,8 +767,8 @@ def test_cuda_overlapping_outputs_are_refused():
         kvrope_torch.rope_append_(*args, **dict(kwargs, key_out=v))
     with pytest.raises(RuntimeError, match=r"kvrope.rope_append_: output rows overlap \(query_out.head_stride\)"):
         kvrope_torch.rope_append_(*args, **dict(kwargs, query_out=torch.empty_like(q[:, :1]).expand_as(q)))
-    # an fp8 query_out is kvrope's query_out_fp8, its scale read on the device
-    with pytest.raises(RuntimeError, match=r"kvrope.rope_append_: output rows overlap \(query_out_fp8.head_stride\)"):
+    # an fp8 query_out (kvrope's query_out_fp8) is named as the argument, its scale read on the device
+    with pytest.raises(RuntimeError, match=r"kvrope.rope_append_: output rows overlap \(query_out.head_stride\)"):
         kvrope_torch.rope_append_(*args, **dict(kwargs, query_out=fp8_like(q[:, :1]).expand_as(q)))
     with pytest.raises(ValueError, match="kvrope: q_scale is on cpu, key on cuda:0"):
         kvrope_torch.rope_append_(*args, **dict(kwargs, query_out=fp8_like(q), q_scale=torch.ones(1)))
