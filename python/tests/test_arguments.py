@@ -343,3 +343,19 @@ def test_fake_op_names_the_argument(op, case):
         getattr(torch.ops.kvrope, op).default(**kw)
     assert_names(fake_error, case)
     assert str(fake_error.value) == str(error.value)
+
+
+def test_dynamic_shapes_are_checked_when_the_op_runs():
+    """Under torch.compile with dynamic shapes the fake kernel sees symbolic sizes, which the C++ checks
+    cannot read: it leaves them to the op, which refuses a bad call when it runs, naming the argument."""
+    def call(**changes):
+        kw = heads_call("cpu")
+        del kw["rotary_dim"], kw["style"]
+        kw.update({name: f(kw[name]) for name, f in changes.items()})
+        return kw
+
+    compiled = torch.compile(lambda **kw: kvrope_torch.forward(**kw), dynamic=True, fullgraph=True)
+    for got, want in zip(compiled(**call()), kvrope_torch.forward(**call())):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match=r"kvrope: value_states has shape \[2, 1, 5, 8\], expected \[2, 3, 5, 8\]"):
+        compiled(**call(value_states=lambda x: x[:, :1]))
