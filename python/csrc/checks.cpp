@@ -1,7 +1,8 @@
-// The CUDA ops' argument checks, before any launch: an error names the argument and what was expected
-// (TypeError for a dtype, ValueError otherwise). In C++, so that a call pays no Python for them; the CPU
-// ops check in Python with the same messages (kvrope_torch/_checks.py). kvrope's own validate() checks
-// again (strides, alignment) before the launch.
+// The ops' argument checks, the one copy: an error names the argument and what was expected (TypeError
+// for a dtype, ValueError otherwise). The CUDA ops call them before any launch (ops.cpp: a call pays no
+// Python for them); the CPU and fake ops through kvrope_torch._C.check_* (python.cpp, from _ops.py).
+// kvrope's own validate() then checks what only the parameter structs show (row strides, overlapping
+// outputs, the kernels' size limits) before a launch.
 #include <ATen/ATen.h>
 
 #include <array>
@@ -23,6 +24,9 @@ std::string dims(at::IntArrayRef a) {
   return out + "]";
 }
 
+// "torch.float16": a dtype as Python prints it (c10::toString's "Half" is C++'s name).
+std::string dtype_name(at::ScalarType t) { return "torch." + c10::getDtypeNames(t).first; }
+
 // The tensor the others are compared with: its name, dtype and device.
 struct Like {
   const char* name;
@@ -37,8 +41,8 @@ void check_last_dim(const char* name, const at::Tensor& x) {
 void check_rows(const char* name, const at::Tensor& x, const Like& like, at::IntArrayRef shape) {
   TORCH_CHECK_VALUE(x.device() == like.x.device(), "kvrope: ", name, " is on ", x.device().str(), ", ", like.name,
                     " on ", like.x.device().str());
-  TORCH_CHECK_TYPE(x.scalar_type() == like.x.scalar_type(), "kvrope: ", name, " is ", c10::toString(x.scalar_type()),
-                   ", ", like.name, " ", c10::toString(like.x.scalar_type()), ": every float tensor has one dtype");
+  TORCH_CHECK_TYPE(x.scalar_type() == like.x.scalar_type(), "kvrope: ", name, " is ", dtype_name(x.scalar_type()), ", ",
+                   like.name, " ", dtype_name(like.x.scalar_type()), ": every float tensor has one dtype");
   TORCH_CHECK_VALUE(x.sizes() == shape, "kvrope: ", name, " has shape ", dims(x.sizes()), ", expected ", dims(shape));
   check_last_dim(name, x);
 }
@@ -48,7 +52,7 @@ void check_positions(const char* name, const at::Tensor& p, const Like& like, in
   TORCH_CHECK_VALUE(p.device() == like.x.device(), "kvrope: ", name, " is on ", p.device().str(), ", ", like.name,
                     " on ", like.x.device().str());
   TORCH_CHECK_TYPE(p.scalar_type() == at::kInt || p.scalar_type() == at::kLong, "kvrope: ", name,
-                   " must be int32 or int64, not ", c10::toString(p.scalar_type()));
+                   " must be int32 or int64, not ", dtype_name(p.scalar_type()));
   const bool flat = p.dim() == 1 && p.size(0) == s;
   const bool batched = batch > 0 && p.dim() == 2 && p.size(0) == batch && p.size(1) == s;
   TORCH_CHECK_VALUE(flat || batched, "kvrope: ", name, " has shape ", dims(p.sizes()), ", expected [",
@@ -63,10 +67,11 @@ void check_first_rows(const char* name, const at::Tensor& x, const char* layout,
   TORCH_CHECK_VALUE(x.dim() == rank, "kvrope: ", name, " must be [", layout, "], got ", dims(x.sizes()));
   const auto t = x.scalar_type();
   const bool ok = t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || (!x.is_cuda() && t == at::kDouble);
-  TORCH_CHECK_TYPE(ok, "kvrope: ", name, " is ", c10::toString(t), ": ",
+  TORCH_CHECK_TYPE(ok, "kvrope: ", name, " is ", dtype_name(t), ": ",
                    c10::DeviceTypeName(x.device().type(), /*lower_case=*/true),
                    " tensors must be bfloat16, float16, float32", x.is_cuda() ? "" : " or float64");
-  TORCH_CHECK_VALUE(x.size(-1) % 2 == 0, "kvrope: head_dim must be even, not ", std::to_string(x.size(-1)));
+  TORCH_CHECK_VALUE(x.size(-1) % 2 == 0, "kvrope: ", name, "'s head_dim must be even, not ",
+                    std::to_string(x.size(-1)));
   TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, "kvrope: ", name,
                     "'s last dim must be contiguous (stride 1), not ", std::to_string(x.stride(-1)));
 }
@@ -129,13 +134,13 @@ CacheType cache_type_of(const at::Tensor& cache, at::ScalarType t, const std::st
     return e4m3 ? CacheType::kFp8E4m3 : CacheType::kFp8E5m2;
   }
   const bool known = c == t || c == at::kFloat8_e4m3fn || c == at::kFloat8_e5m2;
-  TORCH_CHECK_TYPE(known, "kvrope: key_cache must be key's dtype (", c10::toString(t),
-                   "), float8_e4m3fn, float8_e5m2 or uint8, not ", c10::toString(c));
+  TORCH_CHECK_TYPE(known, "kvrope: key_cache must be key's dtype (", dtype_name(t),
+                   "), float8_e4m3fn, float8_e5m2 or uint8, not ", dtype_name(c));
   const CacheType type = c == t                    ? CacheType::kSame
                          : c == at::kFloat8_e4m3fn ? CacheType::kFp8E4m3
                                                    : CacheType::kFp8E5m2;
   const bool agrees = kind == "auto" || (type == CacheType::kFp8E4m3 && e4m3) || (type == CacheType::kFp8E5m2 && e5m2);
-  TORCH_CHECK_TYPE(agrees, "kvrope: kv_cache_dtype '", kind, "' does not match key_cache's dtype ", c10::toString(c));
+  TORCH_CHECK_TYPE(agrees, "kvrope: kv_cache_dtype '", kind, "' does not match key_cache's dtype ", dtype_name(c));
   return type;
 }
 
@@ -143,7 +148,7 @@ CacheType cache_type_of(const at::Tensor& cache, at::ScalarType t, const std::st
 bool check_scale(const char* name, const at::Tensor& s, const Like& like, int64_t h, CacheType cache) {
   TORCH_CHECK_VALUE(cache != CacheType::kSame, "kvrope: ", name, " needs an fp8 cache");
   TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "kvrope: ", name, " must be float32, not ",
-                   c10::toString(s.scalar_type()));
+                   dtype_name(s.scalar_type()));
   check_on_device(name, s, like);
   const bool one = s.dim() <= 1 && s.numel() == 1, per_head = s.dim() == 1 && s.size(0) == h;
   TORCH_CHECK_VALUE(one || per_head, "kvrope: ", name, " must have one element or shape [H] (H=", std::to_string(h),
@@ -158,7 +163,7 @@ bool check_scale(const char* name, const at::Tensor& s, const Like& like, int64_
 void check_query_out(const at::Tensor& out, const at::Tensor& q, const Like& like) {
   const auto t = out.scalar_type();
   if (t != at::kFloat8_e4m3fn) {
-    TORCH_CHECK_TYPE(!c10::isFloat8Type(t), "kvrope: query_out is ", c10::toString(t),
+    TORCH_CHECK_TYPE(!c10::isFloat8Type(t), "kvrope: query_out is ", dtype_name(t),
                      ": an fp8 query_out must be float8_e4m3fn");
     return check_rows("query_out", out, like, q.sizes());
   }
@@ -173,8 +178,7 @@ void check_query_out(const at::Tensor& out, const at::Tensor& q, const Like& lik
 void check_q_scale(const at::Tensor& s, const c10::optional<at::Tensor>& query_out, const Like& like) {
   TORCH_CHECK_VALUE(query_out.has_value() && query_out->scalar_type() == at::kFloat8_e4m3fn,
                     "kvrope: q_scale needs an fp8 query_out (float8_e4m3fn)");
-  TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "kvrope: q_scale must be float32, not ",
-                   c10::toString(s.scalar_type()));
+  TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "kvrope: q_scale must be float32, not ", dtype_name(s.scalar_type()));
   check_on_device("q_scale", s, like);
   TORCH_CHECK_VALUE(s.numel() == 1, "kvrope: q_scale must have one element, got ", dims(s.sizes()));
 }
@@ -214,7 +218,7 @@ CacheType check_append(AppendTensors& t) {
   const at::Tensor& slots = t.slot_mapping;
   check_on_device("slot_mapping", slots, k);
   TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, "kvrope: slot_mapping must be int64, not ",
-                   c10::toString(slots.scalar_type()));
+                   dtype_name(slots.scalar_type()));
   TORCH_CHECK_VALUE(slots.dim() == 1 && slots.size(0) == n, "kvrope: slot_mapping has shape ", dims(slots.sizes()),
                     ", expected [", std::to_string(n), "]");
   TORCH_CHECK_VALUE(slots.is_contiguous(), "kvrope: slot_mapping must be contiguous");
@@ -232,7 +236,7 @@ CacheType check_append(AppendTensors& t) {
   const CacheType cache = cache_type_of(kc, t.key.scalar_type(), t.kv_cache_dtype);
   check_on_device("value_cache", t.value_cache, k);
   TORCH_CHECK_TYPE(t.value_cache.scalar_type() == kc.scalar_type(), "kvrope: value_cache is ",
-                   c10::toString(t.value_cache.scalar_type()), ", key_cache ", c10::toString(kc.scalar_type()),
+                   dtype_name(t.value_cache.scalar_type()), ", key_cache ", dtype_name(kc.scalar_type()),
                    ": the caches have one dtype");
   TORCH_CHECK_VALUE(t.value_cache.sizes() == kc.sizes(), "kvrope: value_cache has shape ", dims(t.value_cache.sizes()),
                     ", expected ", dims(kc.sizes()));

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -41,9 +42,27 @@ int* flag_ptr(const c10::optional<at::Tensor>& flag) {
   return flag.has_value() && flag->defined() ? flag->data_ptr<int>() : nullptr;
 }
 
+// A field of kvrope's parameters as the op's argument ("query_out_fp8.head_stride": "query_out.head_stride"),
+// where the library names it otherwise; a field no argument gives (a size, an output the op allocates)
+// as it is.
+std::string argument_of(const char* field) {
+  static const std::pair<const char*, const char*> renamed[] = {{"query_out_fp8", "query_out"},
+                                                                {"cos_sin_cache_f32", "cos_sin_cache"},
+                                                                {"key_scale", "k_scale"},
+                                                                {"value_scale", "v_scale"},
+                                                                {"query_scale", "q_scale"}};
+  const std::string f(field);
+  const size_t dot = f.find('.');
+  for (const auto& [library, argument] : renamed)
+    if (f.compare(0, dot, library) == 0) return argument + (dot == std::string::npos ? std::string() : f.substr(dot));
+  return f;
+}
+
+// A refused call names the op's arguments (checks.cpp checks the rest before, with the same names).
 void check(const kvrope::Status& s, const char* op) {
-  TORCH_CHECK(s.ok(), op, ": ", kvrope::to_string(s.code), s.field ? std::string(" (") + s.field + ")" : "",
-              s.other ? std::string(" and ") + s.other : "",
+  if (s.ok()) return;
+  TORCH_CHECK(false, op, ": ", kvrope::to_string(s.code), s.field ? " (" + argument_of(s.field) + ")" : "",
+              s.other ? " and " + argument_of(s.other) : "",
               s.cuda_error != cudaSuccess ? std::string(": ") + cudaGetErrorString(s.cuda_error) : "");
 }
 

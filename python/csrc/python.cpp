@@ -10,6 +10,9 @@
 // releases the GIL while the op runs (its Python kernels take it back), and the op's C++ warnings become
 // Python warnings before any output is wrapped (a warning that the filters turn into an error then
 // leaks nothing).
+//
+// check_forward, check_forward_, check_backward and check_append take an op's arguments as above and run
+// only its checks (checks.cpp), for the CPU and fake implementations (_ops.py).
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/object_ptr.h>
@@ -17,6 +20,7 @@
 #include <array>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "ops.h"
 
@@ -181,6 +185,107 @@ PyObject* backward_(PyObject*, PyObject* const* args, Py_ssize_t n) {
   END_HANDLE_TH_ERRORS
 }
 
+// --- the checks alone: kvrope_torch._C.check_<op>, the ops' arguments as above --------------------------
+// The CPU and fake ops (_ops.py) check with the CUDA ops' checks (checks.cpp): one copy, one set of messages.
+// A tensor of symbolic sizes (torch.compile's dynamic shapes, in a fake op) cannot give the sizes they
+// read: its call is not checked at its trace (the op checks it when it runs).
+
+template <typename... Ts>
+bool symbolic(const Ts&... xs) {
+  auto one = [](const auto& x) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(x)>, Optional>) {
+      return x.has_value() && x->unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+    } else {
+      return x.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+    }
+  };
+  return (one(xs) || ...);
+}
+
+bool symbolic(const ForwardTensors& t) {
+  return symbolic(t.key_states, t.value_states, t.key_cache, t.value_cache, t.cache_position, t.cos, t.sin,
+                  t.cos_sin_cache, t.position_ids, t.query, t.query_out, t.key_out, t.error_flag);
+}
+
+// kvrope::forward's checks; None.
+PyObject* check_forward_functional(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  const Args a("kvrope.forward", args, n, 9);
+  ForwardTensors t{a.tensor(0, "key_states"),  a.tensor(1, "value_states"),   a.tensor(2, "key_cache"),
+                   a.tensor(3, "value_cache"), a.tensor(4, "cache_position"), a.tensor(5, "cos"),
+                   a.tensor(6, "sin")};
+  t.rotary_dim = a.integer(7, "rotary_dim");
+  t.style = a.integer(8, "style");
+  if (!symbolic(t)) check_forward(t);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// kvrope::forward_'s checks; None.
+PyObject* check_forward_inplace(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  const Args a("kvrope.forward_", args, n, 15);
+  const ForwardTensors t{a.tensor(0, "key_states"),    a.tensor(1, "value_states"),    a.tensor(2, "key_cache"),
+                         a.tensor(3, "value_cache"),   a.tensor(4, "cache_position"),  a.optional(5, "cos"),
+                         a.optional(6, "sin"),         a.optional(7, "cos_sin_cache"), a.optional(8, "position_ids"),
+                         a.optional(9, "query"),       a.optional(10, "query_out"),    a.optional(11, "key_out"),
+                         a.optional(12, "error_flag"), a.integer(13, "rotary_dim"),    a.integer(14, "style")};
+  if (!symbolic(t)) check_forward(t);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// kvrope::backward's and backward_'s checks; None.
+PyObject* check_backward_any(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  const Args a("kvrope.backward", args, n, 9);
+  const Tensor &gk = a.tensor(0, "grad_key_cache"), &gv = a.tensor(1, "grad_value_cache"), &cos = a.tensor(3, "cos"),
+               &sin = a.tensor(4, "sin"), &pos = a.tensor(5, "cache_position");
+  const Optional key_states = a.optional(2, "key_states");
+  const int64_t rotary_dim = a.integer(6, "rotary_dim"), style = a.integer(7, "style");
+  const bool table_grads = a.flag(8, "table_grads");
+  if (!symbolic(gk, gv, key_states, cos, sin, pos))
+    check_backward(gk, gv, key_states, cos, sin, pos, rotary_dim, style, table_grads);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// kvrope::rope_append_'s checks; the caches' type, an int (CacheType: 0 the query's dtype, 1 fp8 e4m3,
+// 2 fp8 e5m2), or None where not checked.
+PyObject* check_append_any(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  const Args a("kvrope.rope_append_", args, n, 22);
+  AppendTensors t;
+  t.query = a.optional(0, "query");
+  t.key = a.tensor(1, "key");
+  t.value = a.tensor(2, "value");
+  t.positions = a.tensor(3, "positions");
+  t.cos_sin_cache = a.tensor(4, "cos_sin_cache");
+  t.key_cache = a.tensor(5, "key_cache");
+  t.value_cache = a.tensor(6, "value_cache");
+  t.slot_mapping = a.tensor(7, "slot_mapping");
+  t.query_out = a.optional(8, "query_out");
+  t.key_out = a.optional(9, "key_out");
+  t.key_in_place = a.flag(10, "key_in_place");
+  t.query_norm_weight = a.optional(11, "query_norm_weight");
+  t.key_norm_weight = a.optional(12, "key_norm_weight");
+  t.norm_eps = a.real(13, "norm_eps");
+  t.norm_weight_plus_one = a.flag(14, "norm_weight_plus_one");
+  t.kv_cache_dtype = a.text(15, "kv_cache_dtype");
+  t.k_scale = a.optional(16, "k_scale");
+  t.v_scale = a.optional(17, "v_scale");
+  t.error_flag = a.optional(18, "error_flag");
+  t.rotary_dim = a.integer(19, "rotary_dim");
+  t.style = a.integer(20, "style");
+  t.q_scale = a.optional(21, "q_scale");
+  if (symbolic(t.query, t.key, t.value, t.positions, t.cos_sin_cache, t.key_cache, t.value_cache, t.slot_mapping,
+               t.query_out, t.key_out, t.query_norm_weight, t.key_norm_weight, t.k_scale, t.v_scale, t.error_flag,
+               t.q_scale))
+    Py_RETURN_NONE;
+  return PyLong_FromLong(static_cast<long>(check_append(t)));
+  END_HANDLE_TH_ERRORS
+}
+
 #define KVROPE_FASTCALL(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(f))
 PyMethodDef methods[] = {
     {"forward", KVROPE_FASTCALL(forward), METH_FASTCALL, "kvrope::forward through the dispatcher"},
@@ -188,6 +293,11 @@ PyMethodDef methods[] = {
     {"backward", KVROPE_FASTCALL(backward), METH_FASTCALL, "kvrope::backward through the dispatcher"},
     {"backward_", KVROPE_FASTCALL(backward_), METH_FASTCALL, "kvrope::backward_ through the dispatcher"},
     {"rope_append_", KVROPE_FASTCALL(rope_append_), METH_FASTCALL, "kvrope::rope_append_ through the dispatcher"},
+    {"check_forward", KVROPE_FASTCALL(check_forward_functional), METH_FASTCALL, "kvrope::forward's checks"},
+    {"check_forward_", KVROPE_FASTCALL(check_forward_inplace), METH_FASTCALL, "kvrope::forward_'s checks"},
+    {"check_backward", KVROPE_FASTCALL(check_backward_any), METH_FASTCALL, "kvrope::backward(_)'s checks"},
+    {"check_append", KVROPE_FASTCALL(check_append_any), METH_FASTCALL,
+     "kvrope::rope_append_'s checks; the caches' type (0 the query's dtype, 1 fp8 e4m3, 2 fp8 e5m2)"},
     {nullptr, nullptr, 0, nullptr}};
 #undef KVROPE_FASTCALL
 

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 import torch
 from torch.overrides import has_torch_function
 
-from . import _C, _checks, _ops
+from . import _C, _ops
 from ._math import INTERLEAVED, ROTATE_HALF
 
 __all__ = ["forward", "forward_", "backward", "backward_", "rope_append_", "rotary_embedding_and_cache",
@@ -24,9 +24,9 @@ ERROR_SLOT_OUT_OF_RANGE = _ops.ERROR_SLOT_OUT_OF_RANGE
 _STYLES = {"rotate_half": ROTATE_HALF, "interleaved": INTERLEAVED}
 # The ops from C++ (_C: through the dispatcher, without torch.ops' argument parsing in Python, ~5 µs a
 # call), or through torch.ops where Python must see the call: a __torch_function__ mode or subclass, and
-# torch.compile's tracing. The ops check their arguments before any work, with one set of messages: the
-# CUDA ones in C++ (csrc/checks.cpp), the CPU ones in Python (_checks.py). The API adds only what the
-# schemas cannot say (a table given as None, the style's name, a cache's layout, reading the error flag).
+# torch.compile's tracing. The ops check their arguments before any work, all with one copy of the checks
+# (csrc/checks.cpp; the CPU and fake ops call it as _C.check_*). The API adds only what its own arguments
+# need (the style's name, the tables' layout, a cache's layout, vLLM's shapes, reading the error flag).
 _FORWARD, _FORWARD_INPLACE, _BACKWARD, _BACKWARD_INPLACE, _APPEND = (
     (getattr(_C, name), getattr(_ops.ops, name).default)
     for name in ("forward", "forward_", "backward", "backward_", "rope_append_"))
@@ -47,6 +47,8 @@ def _style(style: str) -> int:
 
 
 _TABLE_LAYOUTS = ("element", "half")
+# The caches that take k_scale and v_scale: vLLM passes them always, and other caches ignore them.
+_FP8_CACHE_DTYPES = (torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _tables(cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], style: str, table_layout: str):
@@ -70,7 +72,7 @@ def _check_pairs(cos: torch.Tensor, sin: torch.Tensor, style: str) -> None:
     """check=True, interleaved style: tables in Hugging Face's layout (columns i and i + R/2 equal) whose
     pairs (2i, 2i + 1) differ are refused with a ValueError (synchronizes); any other table is taken as
     one value an element."""
-    if style != "interleaved":
+    if style != "interleaved" or cos is None or sin is None:  # (the op names a missing table)
         return
     _refuse_capture("the tables", cos)
     r = cos.shape[-1]
@@ -124,7 +126,6 @@ def forward(key_states: torch.Tensor, value_states: torch.Tensor, key_cache: tor
     sin as every model computes them, cat(freqs, freqs): with ``style="interleaved"`` they are spread to
     the pairs (2i, 2i + 1)). ``check``: raise a ValueError instead for a position out of range, or, with
     the interleaved style, for tables in Hugging Face's layout given as elements (reads them: synchronizes)."""
-    _checks.check_tables_given(cos, sin)
     cos, sin = _tables(cos, sin, style, table_layout)
     if check:
         _check_positions("cache_position", cache_position, key_cache.shape[2])
@@ -162,7 +163,6 @@ def backward(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_s
     of the incoming value cache). grad cos / sin have the tables' shape (summed over the batch for
     [1, S, R] tables) and are empty when ``table_grads`` is False (then key_states may be None). A
     position outside [-S_max, S_max) gets zero gradients; ``check``: a ValueError instead (synchronizes)."""
-    _checks.check_tables_given(cos, sin)
     if check:
         _check_positions("cache_position", cache_position, grad_key_cache.shape[2])
     table_grads = bool(table_grads)
@@ -176,7 +176,6 @@ def backward_(grad_key_cache: torch.Tensor, grad_value_cache: torch.Tensor, key_
     """The backward, in place: returns (grad k, grad v, grad cos, grad sin); grad_key_cache and
     grad_value_cache become the incoming caches' gradients (their rows cache_position zeroed)."""
     _refuse_grad("backward_", grad_key_cache=grad_key_cache, grad_value_cache=grad_value_cache)
-    _checks.check_tables_given(cos, sin)
     table_grads = bool(table_grads)
     return _call(_BACKWARD_INPLACE, grad_key_cache, grad_value_cache, key_states if table_grads else None, cos, sin,
                  cache_position, 0, _style(style), table_grads)
@@ -299,7 +298,7 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
     if n < tokens:
         q, k, v, positions = q[:n], k[:n], v[:n], positions[:n]
         q_out = None if q_out is None else q_out[:n]
-    if _checks.cache_format(key_cache, query.dtype, kv_cache_dtype) is None:
+    if key_cache.dtype not in _FP8_CACHE_DTYPES:  # (the op checks the caches' dtype and kv_cache_dtype)
         k_scale = v_scale = None
     _call(_APPEND, q, k, v, positions, cos_sin_cache, key_cache, value_cache, slots, q_out, None, True, None, None,
           1e-6, False, kv_cache_dtype, k_scale, v_scale, error_flag, 0, ROTATE_HALF if is_neox else INTERLEAVED,

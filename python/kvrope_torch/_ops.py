@@ -3,17 +3,19 @@ CUDA implementations are in the C++ extension (csrc/ops.cpp)."""
 
 import torch
 
-from . import _C  # noqa: F401  (registers the schemas and the CUDA kernels)
-from . import _checks
+from . import _C  # registers the schemas and the CUDA kernels; its check_* are the ops' checks
 from . import _math as m
 
 ops = torch.ops.kvrope
 ERROR_POSITION_OUT_OF_RANGE, ERROR_POSITION_ID_OUT_OF_RANGE, ERROR_SLOT_OUT_OF_RANGE = 1, 2, 4
+# The caches' element type by _C.check_append's answer (csrc/ops.h's CacheType): None for q's dtype.
+_CACHE_FORMATS = (None, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 # --- CPU implementations: the semantics of docs/spec.md, in plain torch ---------------------------
-# They and the fake implementations check their arguments first (_checks.py; the CUDA ops in C++), the
-# fake ones so that a compiled function's bad call fails as clearly at its trace.
+# They and the fake implementations check their arguments first with the CUDA ops' checks (csrc/checks.cpp,
+# as _C.check_*: one copy, one set of messages), the fake ones so that a compiled function's bad call fails
+# as clearly at its trace (unless its shapes are symbolic: then the op checks it when it runs).
 
 def _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                       position_ids, query, query_out, key_out, error_flag, style):
@@ -50,15 +52,15 @@ def _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_po
 @torch.library.impl("kvrope::forward_", "cpu")
 def _forward_inplace_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                          position_ids, query, query_out, key_out, error_flag, rotary_dim=0, style=0):
-    _checks.check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
-                           position_ids, query, query_out, key_out, error_flag, rotary_dim, style)
+    _C.check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
+                      position_ids, query, query_out, key_out, error_flag, rotary_dim, style)
     _forward_cpu_into(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                       position_ids, query, query_out, key_out, error_flag, style)
 
 
 @torch.library.impl("kvrope::forward", "cpu")
 def _forward_cpu(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim=0, style=0):
-    _checks.check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim, style)
+    _C.check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim, style)
     kc, vc, ko = key_cache.clone(), value_cache.clone(), torch.empty_like(key_states)
     _forward_cpu_into(key_states, value_states, kc, vc, cache_position, cos, sin, None, None, None, None, ko, None,
                       style)
@@ -67,8 +69,8 @@ def _forward_cpu(key_states, value_states, key_cache, value_cache, cache_positio
 
 def _backward_cpu_parts(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
                         table_grads):
-    _checks.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
-                           table_grads)
+    _C.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
+                      table_grads)
     ct = m.compute_dtype(grad_key_cache.dtype)
     dtype, cache_len = grad_key_cache.dtype, grad_key_cache.shape[2]
     rows, in_range = m.rows_of(cache_position, cache_len)
@@ -122,10 +124,10 @@ def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_ca
     """The serving forward (docs/spec.md section 6). A token whose position is out of range writes nothing;
     a negative or out-of-range slot writes no cache row; the last token naming a slot wins. A float8_e4m3fn
     query_out gets RoPE(q) quantized as the fp8 caches are (one formula: _fp8_bytes)."""
-    fmt = _checks.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping,
-                               query_out, key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps,
-                               norm_weight_plus_one, kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style,
-                               q_scale)
+    fmt = _CACHE_FORMATS[_C.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache,
+                                         slot_mapping, query_out, key_out, key_in_place, query_norm_weight,
+                                         key_norm_weight, norm_eps, norm_weight_plus_one, kv_cache_dtype, k_scale,
+                                         v_scale, error_flag, rotary_dim, style, q_scale)]
     ct = m.compute_dtype(key.dtype)
     cos, sin, ok = m.tables_from_cache(cos_sin_cache, positions, 1, style, ct)  # [1, T, R], [1, T]
     ok = ok[0]
@@ -172,15 +174,15 @@ def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_ca
 
 @torch.library.register_fake("kvrope::forward")
 def _forward_fake(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim=0, style=0):
-    _checks.check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim, style)
+    _C.check_forward(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, rotary_dim, style)
     return torch.empty_like(key_cache), torch.empty_like(value_cache), torch.empty_like(key_states)
 
 
 @torch.library.register_fake("kvrope::forward_")
 def _forward_inplace_fake(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
                           position_ids, query, query_out, key_out, error_flag, rotary_dim=0, style=0):
-    _checks.check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
-                           position_ids, query, query_out, key_out, error_flag, rotary_dim, style)
+    _C.check_forward_(key_states, value_states, key_cache, value_cache, cache_position, cos, sin, cos_sin_cache,
+                      position_ids, query, query_out, key_out, error_flag, rotary_dim, style)
     return None
 
 
@@ -189,16 +191,16 @@ def _append_fake(query, key, value, positions, cos_sin_cache, key_cache, value_c
                  key_out=None, key_in_place=False, query_norm_weight=None, key_norm_weight=None, norm_eps=1e-6,
                  norm_weight_plus_one=False, kv_cache_dtype="auto", k_scale=None, v_scale=None, error_flag=None,
                  rotary_dim=0, style=0, q_scale=None):
-    _checks.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
-                         key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps, norm_weight_plus_one,
-                         kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style, q_scale)
+    _C.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
+                    key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps, norm_weight_plus_one,
+                    kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style, q_scale)
     return None
 
 
 def _backward_fake_parts(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
                          table_grads):
-    _checks.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
-                           table_grads)
+    _C.check_backward(grad_key_cache, grad_value_cache, key_states, cos, sin, cache_position, rotary_dim, style,
+                      table_grads)
     b, h, _, d = grad_key_cache.shape
     gk = grad_key_cache.new_empty((b, h, cache_position.shape[0], d))
     table = cos.shape if table_grads else (0,)

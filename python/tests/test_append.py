@@ -741,8 +741,8 @@ BAD_FP8_CALLS = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fp8", [False, True])
 def test_errors_are_clear(device, fp8):
-    """Every argument checked before any work, the CUDA op in C++ (csrc/checks.cpp), the CPU and fake ones
-    in Python (kvrope_torch/_checks.py), with the same messages; nothing is written by a failing call."""
+    """Every argument checked before any work, by one copy of the checks (csrc/checks.cpp) on CUDA and CPU
+    alike, with the same messages; nothing is written by a failing call."""
     for change, error, message in (BAD_FP8_CALLS if fp8 else BAD_CALLS):
         args, kwargs = small_call(device, cache="fp8_e4m3" if fp8 else "auto")
         before = [a.clone() for a in args]
@@ -767,8 +767,8 @@ def test_cuda_overlapping_outputs_are_refused():
         kvrope_torch.rope_append_(*args, **dict(kwargs, key_out=v))
     with pytest.raises(RuntimeError, match=r"kvrope.rope_append_: output rows overlap \(query_out.head_stride\)"):
         kvrope_torch.rope_append_(*args, **dict(kwargs, query_out=torch.empty_like(q[:, :1]).expand_as(q)))
-    # an fp8 query_out is kvrope's query_out_fp8, its scale read on the device
-    with pytest.raises(RuntimeError, match=r"kvrope.rope_append_: output rows overlap \(query_out_fp8.head_stride\)"):
+    # an fp8 query_out (kvrope's query_out_fp8) is named as the argument, its scale read on the device
+    with pytest.raises(RuntimeError, match=r"kvrope.rope_append_: output rows overlap \(query_out.head_stride\)"):
         kvrope_torch.rope_append_(*args, **dict(kwargs, query_out=fp8_like(q[:, :1]).expand_as(q)))
     with pytest.raises(ValueError, match="kvrope: q_scale is on cpu, key on cuda:0"):
         kvrope_torch.rope_append_(*args, **dict(kwargs, query_out=fp8_like(q), q_scale=torch.ones(1)))

@@ -269,7 +269,7 @@ def test_cpu_repeats_and_table_cache():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 def test_errors_are_clear(device):
-    """Every op checks its arguments: the CPU ops in Python (kvrope_torch/_checks.py), the CUDA ops in C++."""
+    """Every op checks its arguments, the CPU and CUDA ops with one copy of the checks (csrc/checks.cpp)."""
     k, v, kc, vc, pos, cos, sin = small(dtype=torch.float32, device=device)
     with pytest.raises(TypeError, match="int32 or int64"):
         kvrope_torch.forward(k, v, kc, vc, pos.float(), cos, sin)
