@@ -19,12 +19,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "support/launch_policy.cuh"
 #include <kvrope/kvrope.cuh>
-#include <kvrope/reference/naive_backward.cuh>
+
+#include "bench/naive/naive_backward.cuh"
+#include "verify/launch_policy.cuh"
+#include "verify/launchers.cuh"  // the launchers, compiled once (kvrope_launchers)
 
 #include "support/calibration.cuh"
-#include "support/launchers.cuh"  // tests/support: the launchers, compiled once
 #include "support/case_data.cuh"
 #include "support/cases.hpp"
 #include "support/check.cuh"
@@ -68,7 +69,7 @@ void run_variant(benchmark::State& state, const LeaderboardCase& lc, Variant var
 
   kvrope::Status status;
   // Without tuning flags the public launcher, as a caller calls it; with them the experimental one
-  // (both compiled once, in the kvrope_launchers library: tests/support/launchers.cuh).
+  // (both compiled once, in the kvrope_launchers library: verify/launchers.cuh).
   const bool tuned = opt.tuned();
   using Launchers = kvrope::testing::Launchers<T, int64_t>;
   auto launch = [&](cudaStream_t st) {

@@ -15,7 +15,9 @@
 
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_backward.hpp>
-#include <kvrope/reference/naive_backward.cuh>
+
+#include "bench/naive/naive_backward.cuh"
+#include "verify/check_backward.hpp"
 
 #include "cases.hpp"
 #include "check.cuh"
@@ -193,14 +195,14 @@ struct CaseData : CaseDataBase {
     const HostArray<T> gks_h = to_host<T>(gks), gvs_h = to_host<T>(gvs);
     const HostArray<T> gcos_h = to_host<T>(gcos), gsin_h = to_host<T>(gsin);
     const HostArray<T> gk_out_h = to_host<T>(cache_k_out), gv_out_h = to_host<T>(cache_v_out);
-    kvrope::reference::BackwardOutputs<T> out;
+    kvrope::verify::BackwardOutputs<T> out;
     out.grad_key_states = kvrope::bhsd(static_cast<const T*>(gks_h.data()), H, S, D);
     out.grad_value_states = kvrope::bhsd(static_cast<const T*>(gvs_h.data()), H, S, D);
     out.grad_key_cache_input = kvrope::bhsd(static_cast<const T*>(gk_out_h.data()), H, Smax, D);
     out.grad_value_cache_input = kvrope::bhsd(static_cast<const T*>(gv_out_h.data()), H, Smax, D);
     out.grad_cos = kvrope::bsd(static_cast<const T*>(gcos_h.data()), S, D);
     out.grad_sin = kvrope::bsd(static_cast<const T*>(gsin_h.data()), S, D);
-    const kvrope::reference::CheckResult r = kvrope::reference::check_backward(host_inputs(), out);
+    const kvrope::verify::CheckResult r = kvrope::verify::check_backward(host_inputs(), out);
     if (r.ok()) return std::string();
     return "check failed: " + std::to_string(r.mismatches) + " of " + std::to_string(r.checked) +
            " elements mismatch; first: " + r.first_mismatch;

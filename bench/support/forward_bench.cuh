@@ -13,7 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <kvrope/kvrope.cuh>
-#include <kvrope/reference/naive_forward.cuh>
+
+#include "bench/naive/naive_forward.cuh"
 
 #include "case_data.cuh"
 #include "cases.hpp"

@@ -15,7 +15,9 @@
 
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_forward.hpp>
-#include <kvrope/reference/naive_forward.cuh>
+
+#include "bench/naive/naive_forward.cuh"
+#include "verify/check_forward.hpp"
 
 #include "case_data.cuh"
 #include "cases.hpp"
@@ -171,11 +173,11 @@ struct ForwardCaseData : CaseDataBase {
     in.sin.data = sin_h.data();
     in.cache_position = pos_h.data();
     in.error_flag = nullptr;
-    kvrope::reference::ForwardOutputs<T> out;
+    kvrope::verify::ForwardOutputs<T> out;
     out.key_cache = kvrope::bhsd(static_cast<const T*>(kc.data()), H, Smax, D);
     out.value_cache = kvrope::bhsd(static_cast<const T*>(vc.data()), H, Smax, D);
     out.key_out = kvrope::bhsd(static_cast<const T*>(ko.data()), H, S, D);
-    const kvrope::reference::CheckResult r = kvrope::reference::check_forward(in, out);
+    const kvrope::verify::CheckResult r = kvrope::verify::check_forward(in, out);
     if (r.ok()) return std::string();
     return "check failed: " + std::to_string(r.mismatches) + " of " + std::to_string(r.checked) +
            " elements mismatch; first: " + r.first_mismatch;

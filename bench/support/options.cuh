@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "support/launch_policy.cuh"
+#include "verify/launch_policy.cuh"
 
 #include "cases.hpp"
 

@@ -18,9 +18,9 @@
 #include <cuda_runtime.h>
 
 #include <kvrope/kvrope.cuh>
-#include <kvrope/reference/naive_append.cuh>
 
-#include "support/append_launchers.cuh"  // tests/support: the launchers, compiled once
+#include "bench/naive/naive_append.cuh"
+#include "verify/append_launchers.cuh"  // the launchers, compiled once (kvrope_launchers)
 
 #include "calibration.cuh"  // empty_kernel
 #include "cupti_clock.cuh"

@@ -2,7 +2,7 @@
 // AppendParams of a variant, and the check of kv_cache_rope_append against the naive two launches
 // (kvrope::reference::naive_append), done on the device (support/serve_check.cuh); the q-fp8 cases' fp8 q,
 // which the naive launches cannot write, against the float64 reference on the host
-// (kvrope::reference::check_append).
+// (kvrope::verify::check_append).
 #pragma once
 
 #include <cmath>
@@ -17,7 +17,9 @@
 
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_append.hpp>
-#include <kvrope/reference/naive_append.cuh>
+
+#include "bench/naive/naive_append.cuh"
+#include "verify/check_append.hpp"
 
 #include "case_data.cuh"
 #include "check.cuh"
@@ -290,7 +292,7 @@ struct ServeCaseData : CaseDataBase {
   }
 
   // The q-fp8 cases' fp8 q `got` (a host copy of query_fp8 after the call) against the float64 reference,
-  // kvrope::reference::check_append: each element the code quantize() gives for some q in T within the
+  // kvrope::verify::check_append: each element the code quantize() gives for some q in T within the
   // tolerance of RoPE(q) (docs/spec.md §1.7), divided by the query scale. Only q's rows are checked there (the
   // device check covers the rest): an AppendParams without KV heads or pages, over host copies of the input
   // q, the positions, the table cache, the scale, and of query_fp8 before the call (the pattern). Empty, or
@@ -318,9 +320,9 @@ struct ServeCaseData : CaseDataBase {
     in.max_position = sc.max_position;
     in.page_size = sc.page_size;
     in.num_pages = 0;
-    kvrope::reference::AppendOutputs<T, C> out;
+    kvrope::verify::AppendOutputs<T, C> out;
     out.query_out_fp8 = {got.data(), Hq * D, D};
-    const kvrope::reference::CheckResult r = kvrope::reference::check_append(in, out);
+    const kvrope::verify::CheckResult r = kvrope::verify::check_append(in, out);
     if (r.checked != tokens * Hq * D)  // the reference skipped rows: the check would prove nothing
       return "query_out_fp8: the reference compared " + std::to_string(r.checked) + " of " +
              std::to_string(tokens * Hq * D) + " elements; ";
