@@ -1,6 +1,6 @@
 // Host tests of the append op's float64 reference (docs/spec.md §6) on cases worked by hand: each option
 // (styles, partial rotary, the norms, the slots' rules, fp8 caches), the fp8 encoder against CUDA's own
-// host conversion, the checker (right outputs pass, one wrong element is found and named), and
+// host conversion, the checker of verify/ (right outputs pass, one wrong element is found and named), and
 // validate() for the append (each rejected argument names its field). No GPU needed.
 #include <kvrope/append.cuh>
 #include <kvrope/reference/cpu_append.hpp>

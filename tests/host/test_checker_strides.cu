@@ -1,6 +1,6 @@
-// Host test of the float64 reference and its checker on strided layouts (BSHD with padding, a
-// broadcast table, repeated and negative positions): outputs made by rounding the reference into
-// the strided output views pass; one wrong element in any output is found and named.
+// Host test of the float64 reference and its checker (verify/check_backward.hpp) on strided layouts (BSHD with padding,
+// a broadcast table, repeated and negative positions): outputs made by rounding the reference into the strided output
+// views pass; one wrong element in any output is found and named.
 #include <kvrope/reference/cpu_backward.hpp>
 
 #include <random>

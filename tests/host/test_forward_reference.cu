@@ -1,5 +1,5 @@
-// Host tests of the float64 CPU reference of the forward (docs/spec.md §2) and its checker on cases small enough
-// to work by hand, the host side of the naive GPU forward (validation, workspace), and the adjoint test of the
+// Host tests of the float64 CPU reference of the forward (docs/spec.md §2) and its checker (verify/) on cases small
+// enough to work by hand, the host side of the naive GPU forward (validation, workspace), and the adjoint test of the
 // forward and backward references in float64 (§2.8).
 #include <kvrope/reference/cpu_backward.hpp>
 #include <kvrope/reference/cpu_forward.hpp>

@@ -1,5 +1,5 @@
-// Host tests of the float64 CPU reference of the backward and its checker on cases small enough to work by hand,
-// with both rotary styles, partial rotary and table gradients summed over the batch.
+// Host tests of the float64 CPU reference of the backward and its checker (verify/) on cases small enough to work by
+// hand, with both rotary styles, partial rotary and table gradients summed over the batch.
 #include <kvrope/reference/cpu_backward.hpp>
 
 #include <cmath>

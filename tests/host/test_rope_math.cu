@@ -1,4 +1,5 @@
-// Host tests of the per-element RoPE building blocks, the index division and the tolerance helpers.
+// Host tests of the per-element RoPE building blocks, the index division and the tolerance helpers
+// (verify/tolerance.hpp).
 #include <kvrope/detail/common/divmod.cuh>
 #include <kvrope/reference/cpu_backward.hpp>
 #include <kvrope/rope.cuh>
