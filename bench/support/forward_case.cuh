@@ -19,12 +19,12 @@
 #include "bench/naive/naive_forward.cuh"
 #include "verify/check_forward.hpp"
 
-#include "case_data.cuh"
 #include "cases.hpp"
 #include "check.cuh"
 #include "device.cuh"
 #include "fill.cuh"
 #include "options.cuh"
+#include "runner.cuh"
 
 namespace kvrope_bench {
 
@@ -189,18 +189,5 @@ struct ForwardCaseData : CaseDataBase {
     return flag;
   }
 };
-
-// The case's data in `slot`, allocated anew (the previous case freed first) when the case changes.
-template <typename T>
-ForwardCaseData<T>& acquire_forward_case(std::unique_ptr<CaseDataBase>& slot, const LeaderboardCase& lc,
-                                         const Options& opt, int fill_blocks, cudaStream_t stream) {
-  auto* current = dynamic_cast<ForwardCaseData<T>*>(slot.get());
-  if (current == nullptr || current->case_id != lc.id) {
-    slot.reset();
-    slot = std::make_unique<ForwardCaseData<T>>(lc, opt, fill_blocks, stream);
-    current = static_cast<ForwardCaseData<T>*>(slot.get());
-  }
-  return *current;
-}
 
 }  // namespace kvrope_bench

@@ -1,5 +1,5 @@
-// One case's tensors, shared by its variants (only one case is alive at a time), and its check
-// against the float64 CPU reference (docs/spec.md §1.7).
+// A backward case's tensors, shared by its variants, and its check against the float64 CPU reference
+// (docs/spec.md §1.7).
 #pragma once
 
 #include <algorithm>
@@ -24,13 +24,9 @@
 #include "device.cuh"
 #include "fill.cuh"
 #include "options.cuh"
+#include "runner.cuh"
 
 namespace kvrope_bench {
-
-struct CaseDataBase {
-  virtual ~CaseDataBase() = default;
-  int case_id = 0;
-};
 
 template <typename T>
 struct CaseData : CaseDataBase {
@@ -221,18 +217,5 @@ struct CaseData : CaseDataBase {
     return flag;
   }
 };
-
-// The case's data in `slot`, allocated anew (the previous case freed first) when the case changes.
-template <typename T>
-CaseData<T>& acquire_case(std::unique_ptr<CaseDataBase>& slot, const LeaderboardCase& lc, const Options& opt,
-                          int fill_blocks, cudaStream_t stream) {
-  auto* current = dynamic_cast<CaseData<T>*>(slot.get());
-  if (current == nullptr || current->case_id != lc.id) {
-    slot.reset();
-    slot = std::make_unique<CaseData<T>>(lc, opt, fill_blocks, stream);
-    current = static_cast<CaseData<T>*>(slot.get());
-  }
-  return *current;
-}
 
 }  // namespace kvrope_bench
