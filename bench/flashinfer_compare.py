@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """FlashInfer's serving kernels against kvrope's on the cases of kvrope_bench's serve suites
 (--suite=serve-decode|serve-prefill: the same ids, page tables and positions, made by the same generator as
-bench/support/serve_cases.hpp). bf16 q, k, v as views of one qkv [T, (Hq + 2 H) D], H = 8, D = 128, pages
+bench/support/append_cases.hpp). bf16 q, k, v as views of one qkv [T, (Hq + 2 H) D], H = 8, D = 128, pages
 of 16 with shuffled page ids, an fp32 table cache [max_position, 128], rotate-half.
 
 Timed, where each applies:
@@ -47,8 +47,8 @@ import types
 import torch
 
 MASK = (1 << 64) - 1
-KEY_SCALE, VALUE_SCALE = 0.0125, 0.015  # bench/support/serve_cases.hpp's fp8 scales
-QUERY_SCALE = 0.02  # serve_cases.hpp's kServeQueryScale: the q-fp8 cases' query_out_fp8 = fp8(RoPE(q) / 0.02)
+KEY_SCALE, VALUE_SCALE = 0.0125, 0.015  # bench/support/append_cases.hpp's fp8 scales
+QUERY_SCALE = 0.02  # append_cases.hpp's kAppendQueryScale: the q-fp8 cases' query_out_fp8 = fp8(RoPE(q) / 0.02)
 S_MAX = 4096
 DECODE_BATCHES = (1, 8, 32, 128, 256, 1024)
 PREFILL_SHAPES = ((8, 512), (1, 2048), (4, 1024), (1, 8192))
@@ -58,10 +58,10 @@ FP8_MAX = 448.0
 DEVICE = "cuda"
 
 
-# --- the cases, as bench/support/serve_cases.hpp makes them -----------------------------------------------
+# --- the cases, as bench/support/append_cases.hpp makes them -----------------------------------------------
 
 class SplitMix:
-    """splitmix64 steps; below(n) = next() % n (serve_cases.hpp's SplitMix)."""
+    """splitmix64 steps; below(n) = next() % n (append_cases.hpp's SplitMix)."""
 
     def __init__(self, state):
         self.state = state & MASK
@@ -79,7 +79,7 @@ class SplitMix:
 
 def case_table(decode, heads=8, head_dim=128, page_size=16):
     """Every case of a serve suite, numbered from 1: shapes, then Hq, the cache, the layout; then every
-    fp8-cache case again with q written in fp8 (q8: decode 49-72, prefill 33-48), as serve_case_table."""
+    fp8-cache case again with q written in fp8 (q8: decode 49-72, prefill 33-48), as append_case_table."""
     shapes = [(b, 1) for b in DECODE_BATCHES] if decode else list(PREFILL_SHAPES)
     cases = []
     for seqs, length in shapes:
@@ -98,7 +98,7 @@ def case_table(decode, heads=8, head_dim=128, page_size=16):
 
 
 def cache_label(c):
-    """The cache column: the cache's type, "+q8" where q is written in fp8 too (serve_cache_label)."""
+    """The cache column: the cache's type, "+q8" where q is written in fp8 too (append_cache_label)."""
     return c["cache"] + ("+q8" if c.get("q8") else "")
 
 
@@ -107,7 +107,7 @@ def shape_name(c):
 
 
 def case_bytes(c, key_written=False):
-    """serve_cases.hpp's serve_bytes: q read and written (in 1 byte for the q-fp8 cases), k and v read, the
+    """append_cases.hpp's append_bytes: q read and written (in 1 byte for the q-fp8 cases), k and v read, the
     cache rows, a table row, the position and the slot, a token."""
     hq, h, d = c["hq"], c["h"], c["d"]
     ce = 2 if c["cache"] == "bf16" else 1
@@ -116,8 +116,8 @@ def case_bytes(c, key_written=False):
     return per_token * c["seqs"] * c["tokens_per_seq"]
 
 
-def serve_tokens(c, seed):
-    """serve_cases.hpp's serve_tokens: (page_table [seqs][pages_per_seq], positions, slots, starts, lengths)."""
+def append_tokens(c, seed):
+    """append_cases.hpp's append_tokens: (page_table [seqs][pages_per_seq], positions, slots, starts, lengths)."""
     seqs, length, p = c["seqs"], c["tokens_per_seq"], c["page_size"]
     pps = c["s_max"] // p
     pages = seqs * pps
@@ -138,7 +138,7 @@ def serve_tokens(c, seed):
 
 
 def rope_table(max_position, rotary_dim):
-    """cos | sin of position * 10000^(-2i / R), in float64 then fp32 (serve_case.cuh's rope_table)."""
+    """cos | sin of position * 10000^(-2i / R), in float64 then fp32 (append_case.cuh's rope_table)."""
     i = torch.arange(rotary_dim // 2, dtype=torch.float64)
     angle = torch.arange(max_position, dtype=torch.float64)[:, None] * torch.pow(10000.0, -2.0 * i / rotary_dim)
     return torch.cat([angle.cos(), angle.sin()], dim=1).float().to(DEVICE)
@@ -591,7 +591,7 @@ def main():
         key = (c["suite"], c["seqs"], c["tokens_per_seq"])
         if key not in tokens_of:  # the page table and tokens of a shape, shared by its 8 configurations
             tokens_of.clear()
-            tokens_of[key] = serve_tokens(c, args.seed)
+            tokens_of[key] = append_tokens(c, args.seed)
         if c["max_position"] not in tables:
             tables[c["max_position"]] = rope_table(c["max_position"], c["d"])
         pr = Problem(c, tokens_of[key], tables[c["max_position"]], seed=c["id"])

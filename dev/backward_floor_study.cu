@@ -35,7 +35,7 @@
 #include "fill.cuh"
 #include "options.cuh"
 #include "stats.hpp"
-#include "summary.cuh"
+#include "backward_report.cuh"
 
 namespace {
 

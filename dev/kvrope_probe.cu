@@ -5,7 +5,7 @@
 //   kvrope_probe B S S_max [variant=fused|inplace] [launches=3] [H=8] [D=128]
 //   ncu --cache-control all -k regex:backward_kernel build/dev/kvrope_probe 1 691 2048
 //   KVROPE_FLUSH=1 ncu --cache-control none ...   (the protocol's flush by writes before each launch)
-#include "support/launch_policy.cuh"
+#include "verify/launch_policy.cuh"
 #include <kvrope/kvrope.cuh>
 
 #include <cstdio>

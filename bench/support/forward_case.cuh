@@ -15,14 +15,16 @@
 
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_forward.hpp>
-#include <kvrope/reference/naive_forward.cuh>
 
-#include "case_data.cuh"
+#include "bench/naive/naive_forward.cuh"
+#include "verify/check_forward.hpp"
+
 #include "cases.hpp"
 #include "check.cuh"
 #include "device.cuh"
 #include "fill.cuh"
 #include "options.cuh"
+#include "runner.cuh"
 
 namespace kvrope_bench {
 
@@ -171,11 +173,11 @@ struct ForwardCaseData : CaseDataBase {
     in.sin.data = sin_h.data();
     in.cache_position = pos_h.data();
     in.error_flag = nullptr;
-    kvrope::reference::ForwardOutputs<T> out;
+    kvrope::verify::ForwardOutputs<T> out;
     out.key_cache = kvrope::bhsd(static_cast<const T*>(kc.data()), H, Smax, D);
     out.value_cache = kvrope::bhsd(static_cast<const T*>(vc.data()), H, Smax, D);
     out.key_out = kvrope::bhsd(static_cast<const T*>(ko.data()), H, S, D);
-    const kvrope::reference::CheckResult r = kvrope::reference::check_forward(in, out);
+    const kvrope::verify::CheckResult r = kvrope::verify::check_forward(in, out);
     if (r.ok()) return std::string();
     return "check failed: " + std::to_string(r.mismatches) + " of " + std::to_string(r.checked) +
            " elements mismatch; first: " + r.first_mismatch;
@@ -187,18 +189,5 @@ struct ForwardCaseData : CaseDataBase {
     return flag;
   }
 };
-
-// The case's data in `slot`, allocated anew (the previous case freed first) when the case changes.
-template <typename T>
-ForwardCaseData<T>& acquire_forward_case(std::unique_ptr<CaseDataBase>& slot, const LeaderboardCase& lc,
-                                         const Options& opt, int fill_blocks, cudaStream_t stream) {
-  auto* current = dynamic_cast<ForwardCaseData<T>*>(slot.get());
-  if (current == nullptr || current->case_id != lc.id) {
-    slot.reset();
-    slot = std::make_unique<ForwardCaseData<T>>(lc, opt, fill_blocks, stream);
-    current = static_cast<ForwardCaseData<T>*>(slot.get());
-  }
-  return *current;
-}
 
 }  // namespace kvrope_bench

@@ -14,7 +14,7 @@
 #include "options.cuh"
 #include "results.cuh"
 #include "stats.hpp"
-#include "summary.cuh"
+#include "backward_report.cuh"
 
 namespace kvrope_bench {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "results.cuh"
-#include "summary.cuh"
+#include "backward_report.cuh"
 
 namespace kvrope_bench {
 

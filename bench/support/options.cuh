@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "support/launch_policy.cuh"
+#include "verify/launch_policy.cuh"
 
 #include "cases.hpp"
 
@@ -78,8 +78,8 @@ inline const char* suite_name(Suite s) {
 inline bool forward_suite(Suite s) { return s == Suite::kForward || s == Suite::kDecode || s == Suite::kStyles; }
 
 // Whether a suite times the serving forward, kv_cache_rope_append (docs/spec.md §6), on the cases of
-// support/serve_cases.hpp (generated, no table).
-inline bool serve_suite(Suite s) { return s == Suite::kServeDecode || s == Suite::kServePrefill; }
+// support/append_cases.hpp (generated, no table).
+inline bool append_suite(Suite s) { return s == Suite::kServeDecode || s == Suite::kServePrefill; }
 
 // The case table a suite reads unless --cases_csv names another (bench/suite_*.csv: per-case H, D, and
 // the optional columns dtype and positions).
@@ -111,13 +111,13 @@ inline const char* fwd_variant_name(FwdVariant v) {
 
 // The variants of the serve suites: kv_cache_rope_append with k read only (FlashInfer's fused kernels'
 // work) and with k rotated in place (vLLM's), and the naive two launches (which rotate k in place).
-enum class ServeVariant { kKvrope, kKvropeKeyInPlace, kNaive };
+enum class AppendVariant { kKvrope, kKvropeKeyInPlace, kNaive };
 
-inline const char* serve_variant_name(ServeVariant v) {
+inline const char* append_variant_name(AppendVariant v) {
   switch (v) {
-    case ServeVariant::kKvrope: return "kvrope";
-    case ServeVariant::kKvropeKeyInPlace: return "kvrope_kip";
-    case ServeVariant::kNaive: return "naive";
+    case AppendVariant::kKvrope: return "kvrope";
+    case AppendVariant::kKvropeKeyInPlace: return "kvrope_kip";
+    case AppendVariant::kNaive: return "naive";
   }
   return "?";
 }
@@ -175,8 +175,8 @@ struct Options {
   bool workspace = true;     // the fused variant gets a workspace (BackwardParams::workspace)
   std::vector<Variant> variants{kAllVariants, kAllVariants + 3};
   Suite suite = Suite::kLeaderboard;
-  std::vector<FwdVariant> fwd_variants;      // --variants of a forward suite (after parsing: the suite's, selected)
-  std::vector<ServeVariant> serve_variants;  // --variants of a serve suite (after parsing: selected)
+  std::vector<FwdVariant> fwd_variants;        // --variants of a forward suite (after parsing: the suite's, selected)
+  std::vector<AppendVariant> append_variants;  // --variants of a serve suite (after parsing: selected)
   std::string json_path = "kvrope_bench_results.json";
   uint64_t seed = 20261129;
   int64_t host_calls = 2000;  // serve suites: calls of the host-time measurement (0: none)
@@ -218,14 +218,14 @@ inline bool fwd_selected(const Options& opt, FwdVariant v) {
 }
 
 // The variants of a serve suite in the order they run within a case: naive last (first with --naive_first).
-inline std::vector<ServeVariant> serve_variant_order(const Options& opt) {
-  using V = ServeVariant;
+inline std::vector<AppendVariant> append_variant_order(const Options& opt) {
+  using V = AppendVariant;
   return opt.naive_first ? std::vector<V>{V::kNaive, V::kKvrope, V::kKvropeKeyInPlace}
                          : std::vector<V>{V::kKvrope, V::kKvropeKeyInPlace, V::kNaive};
 }
 
-inline bool serve_selected(const Options& opt, ServeVariant v) {
-  return std::find(opt.serve_variants.begin(), opt.serve_variants.end(), v) != opt.serve_variants.end();
+inline bool append_selected(const Options& opt, AppendVariant v) {
+  return std::find(opt.append_variants.begin(), opt.append_variants.end(), v) != opt.append_variants.end();
 }
 
 // The policy of the tuned calls: the device's default with the flags' fields changed.
@@ -325,7 +325,7 @@ inline std::vector<std::string> split_commas(const std::string& text) {
 inline Options parse_options(int* argc, char** argv) {
   Options opt;
   int kept = 1;
-  std::string variants_arg, backward_only, serve_only;
+  std::string variants_arg, backward_only, append_only;
   bool cases_csv_given = false;
   for (int i = 1; i < *argc; ++i) {
     const std::string arg = argv[i];
@@ -393,7 +393,7 @@ inline Options parse_options(int* argc, char** argv) {
       opt.cupti = value == "cupti";
     } else if (key == "--host_calls") {
       opt.host_calls = parse_int(arg, value, 0);
-      serve_only = arg;
+      append_only = arg;
     } else if (key == "--kvrope_json") {
       if (value.empty()) bad_option(arg, "expected a path");
       opt.json_path = value;
@@ -407,8 +407,8 @@ inline Options parse_options(int* argc, char** argv) {
   const size_t eq = variants_arg.find('=');
   const std::string variants = eq == std::string::npos ? std::string() : variants_arg.substr(eq + 1);
   if (!cases_csv_given) opt.cases_csv = suite_cases_csv(opt.suite);
-  if (!serve_only.empty() && !serve_suite(opt.suite)) bad_option(serve_only, "a flag of the serve suites only");
-  if (!forward_suite(opt.suite) && !serve_suite(opt.suite)) {
+  if (!append_only.empty() && !append_suite(opt.suite)) bad_option(append_only, "a flag of the serve suites only");
+  if (!forward_suite(opt.suite) && !append_suite(opt.suite)) {
     if (!variants_arg.empty()) {
       opt.variants.clear();
       for (const auto& p : split_commas(variants)) {
@@ -422,17 +422,17 @@ inline Options parse_options(int* argc, char** argv) {
     return opt;
   }
   if (!backward_only.empty()) bad_option(backward_only, "a flag of the backward suites only");
-  if (serve_suite(opt.suite)) {
+  if (append_suite(opt.suite)) {
     if (opt.dtype != "bf16") bad_option("--dtype=" + opt.dtype, "the serve suites run bf16 q, k and v");
-    const std::vector<ServeVariant> serve_order = serve_variant_order(opt);
-    opt.serve_variants = variants_arg.empty() ? serve_order : std::vector<ServeVariant>{};
+    const std::vector<AppendVariant> append_order = append_variant_order(opt);
+    opt.append_variants = variants_arg.empty() ? append_order : std::vector<AppendVariant>{};
     for (const auto& p : variants_arg.empty() ? std::vector<std::string>{} : split_commas(variants)) {
-      const auto v = std::find_if(serve_order.begin(), serve_order.end(),
-                                  [&](ServeVariant x) { return p == serve_variant_name(x); });
-      if (v == serve_order.end()) bad_option(variants_arg, "variants of this suite are kvrope, kvrope_kip, naive");
-      opt.serve_variants.push_back(*v);
+      const auto v = std::find_if(append_order.begin(), append_order.end(),
+                                  [&](AppendVariant x) { return p == append_variant_name(x); });
+      if (v == append_order.end()) bad_option(variants_arg, "variants of this suite are kvrope, kvrope_kip, naive");
+      opt.append_variants.push_back(*v);
     }
-    if (opt.serve_variants.empty()) bad_option("--variants", "no variant selected");
+    if (opt.append_variants.empty()) bad_option("--variants", "no variant selected");
     return opt;
   }
   const std::vector<FwdVariant> order = fwd_variant_order(opt);

@@ -10,7 +10,7 @@
 #include "cases.hpp"
 #include "device.cuh"
 #include "options.cuh"
-#include "serve_cases.hpp"
+#include "append_cases.hpp"
 
 namespace kvrope_bench {
 
@@ -55,19 +55,19 @@ inline const FwdResult* find_variant(const ForwardCaseResult& cr, FwdVariant v) 
 
 // One case of a serve suite: its bytes and floors (k read only; k written back: kvrope_kip and the naive
 // reference), the check's outcome, and each variant's times.
-struct ServeCaseResult {
-  ServeCase sc{};
+struct AppendCaseResult {
+  AppendCase sc{};
   double bytes = 0, bytes_kip = 0, floor_us = 0, floor_kip_us = 0;
   int checks = 0;                         // kvrope variants checked against the naive reference
   std::string check_failure, check_note;  // the first failure; what was allowed but not bit-exact
-  std::map<ServeVariant, VariantResult> variants;
+  std::map<AppendVariant, VariantResult> variants;
 
   // The floor a variant is judged by: the naive reference rotates k in place, as kvrope_kip does.
-  double floor_of(ServeVariant v) const { return v == ServeVariant::kKvrope ? floor_us : floor_kip_us; }
-  double bytes_of(ServeVariant v) const { return v == ServeVariant::kKvrope ? bytes : bytes_kip; }
+  double floor_of(AppendVariant v) const { return v == AppendVariant::kKvrope ? floor_us : floor_kip_us; }
+  double bytes_of(AppendVariant v) const { return v == AppendVariant::kKvrope ? bytes : bytes_kip; }
 };
 
-inline const VariantResult* find_variant(const ServeCaseResult& cr, ServeVariant v) {
+inline const VariantResult* find_variant(const AppendCaseResult& cr, AppendVariant v) {
   const auto it = cr.variants.find(v);
   return it == cr.variants.end() ? nullptr : &it->second;
 }
@@ -75,9 +75,9 @@ inline const VariantResult* find_variant(const ServeCaseResult& cr, ServeVariant
 // The host time of one C++ call (the serve suites' "serve-host" line, --host_calls): the CPU time
 // (std::chrono::steady_clock) kv_cache_rope_append takes to return (validate, plan, launch; no wait), on one
 // case of the suite, beside that of launching an empty kernel <<<1, 32, 0, stream>>> the same way.
-struct ServeHostTime {
+struct AppendHostTime {
   bool measured = false;
-  ServeCase sc{};
+  AppendCase sc{};
   int64_t calls = 0, sync_every = 0;  // calls of each, the stream synchronized (untimed) every sync_every
   double call_median_us = 0, call_p10_us = 0, call_p90_us = 0;
   double empty_median_us = 0, empty_p10_us = 0, empty_p90_us = 0;
@@ -94,9 +94,9 @@ struct Run {
   std::vector<LeaderboardCase> cases;                // the rows --cases selected, --heads and --head_dim applied
   std::map<int, CaseResult> results;                 // --suite=leaderboard
   std::map<int, ForwardCaseResult> forward_results;  // the forward suites
-  std::vector<ServeCase> serve_cases;                // the serve suites: the cases --cases selected
-  std::map<int, ServeCaseResult> serve_results;
-  ServeHostTime serve_host;  // the serve suites, unless --host_calls=0
+  std::vector<AppendCase> append_cases;              // the serve suites: the cases --cases selected
+  std::map<int, AppendCaseResult> append_results;
+  AppendHostTime append_host;  // the serve suites, unless --host_calls=0
 };
 
 // The cases' common value of a field, or 0 when they differ.

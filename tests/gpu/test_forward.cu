@@ -2,11 +2,12 @@
 // rotary, per-token tables and the table cache (T and fp32), q in place or out, key_out, BHSD / BSHD,
 // padded and misaligned rows, repeated / negative / out-of-range positions; the naive reference too.
 #include <kvrope/reference/cpu_forward.hpp>
-#include <kvrope/reference/naive_forward.cuh>
 
 #include <cstdlib>
 
+#include "bench/naive/naive_forward.cuh"
 #include "support/gpu_problem.cuh"
+#include "verify/check_forward.hpp"
 
 using namespace kvrope;
 using namespace kvrope::testing;
@@ -167,12 +168,12 @@ void run_forward(const ForwardConfig& c) {
   KVROPE_CUDA_REQUIRE(cudaGetLastError());
   KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
   for (Rows<T>* r : {&kc, &vc, &ko, &q, &qo}) r->snapshot();
-  reference::ForwardOutputs<T> out;
+  verify::ForwardOutputs<T> out;
   out.key_cache = kc.host_view();
   out.value_cache = vc.host_view();
   if (c.key_out) out.key_out = ko.host_view();
   if (c.query_heads) out.query = c.query_out ? qo.host_view() : q.host_view();
-  const reference::CheckResult result = reference::check_forward(in, out);
+  const verify::CheckResult result = verify::check_forward(in, out);
   INFO(result.first_mismatch);
   CHECK(result.ok());
   CHECK(result.checked > 0);

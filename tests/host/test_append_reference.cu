@@ -1,6 +1,6 @@
 // Host tests of the append op's float64 reference (docs/spec.md §6) on cases worked by hand: each option
 // (styles, partial rotary, the norms, the slots' rules, fp8 caches), the fp8 encoder against CUDA's own
-// host conversion, the checker (right outputs pass, one wrong element is found and named), and
+// host conversion, the checker of verify/ (right outputs pass, one wrong element is found and named), and
 // validate() for the append (each rejected argument names its field). No GPU needed.
 #include <kvrope/append.cuh>
 #include <kvrope/reference/cpu_append.hpp>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "verify/check_append.hpp"
 
 using namespace kvrope;
 using reference::fp8_decode;
@@ -128,7 +129,7 @@ std::vector<double> values(const std::vector<double>& g, size_t begin, size_t co
 // The next representable T above x.
 template <typename T>
 T next_up(T x) {
-  return reference::detail::next_value(x, true);
+  return verify::detail::next_value(x, true);
 }
 
 // x = [1, ..., 8]; row 1 of the table: cos [.5, -1], sin [.75, .25] (R = 4, one angle a pair).
@@ -513,7 +514,7 @@ template <typename T, typename C>
 struct Made {
   std::vector<T> q, q_out, k, k_out, v;
   std::vector<C> kc, vc;
-  reference::AppendOutputs<T, C> out;
+  verify::AppendOutputs<T, C> out;
 };
 
 template <typename T, typename C, typename Pos>
@@ -603,7 +604,7 @@ TEST_CASE("check_append accepts the right outputs and names the first wrong one 
     const AppendParams<T, T> in = h.params();
     const reference::AppendGold g = reference::cpu_append(in);
     Made<T, T> m = make_outputs(h, g);
-    reference::CheckResult r = reference::check_append(in, m.out);
+    verify::CheckResult r = verify::check_append(in, m.out);
     INFO(r.first_mismatch);
     CHECK(r.ok());
     // q (unchanged) and query_out, k, key_out, v: 5 rows of tokens; both caches: 8 slots.
@@ -640,7 +641,7 @@ TEST_CASE("check_append accepts the right outputs and names the first wrong one 
       INFO("changed: " << c.name);
       const T saved = *c.element;
       *c.element = bump(saved, c.one_bit);
-      r = reference::check_append(in, m.out);
+      r = verify::check_append(in, m.out);
       CHECK(r.mismatches >= 1);
       CHECK(r.first_mismatch.find(c.name) != std::string::npos);
       *c.element = saved;
@@ -650,7 +651,7 @@ TEST_CASE("check_append accepts the right outputs and names the first wrong one 
     T& in_cache = kc.row(1, 1, 1)[0];
     const T saved = in_cache;
     in_cache = next_up(in_cache);
-    r = reference::check_append(in, m.out);
+    r = verify::check_append(in, m.out);
     CHECK(r.mismatches == 1);
     CHECK(r.first_mismatch.find("key_cache") != std::string::npos);
     in_cache = saved;
@@ -672,7 +673,7 @@ TEST_CASE("check_append on fp8 caches: the code of the call's own key, or of a k
     const AppendParams<T, C> in = h.params();
     const reference::AppendGold g = reference::cpu_append(in);
     Made<T, C> m = make_outputs(h, g);
-    reference::CheckResult r = reference::check_append(in, m.out);
+    verify::CheckResult r = verify::check_append(in, m.out);
     INFO(r.first_mismatch);
     CHECK(r.ok());
     PagedCache<C> kc = h.cache_view(m.kc.data()), vc = h.cache_view(m.vc.data());
@@ -680,7 +681,7 @@ TEST_CASE("check_append on fp8 caches: the code of the call's own key, or of a k
          {&kc.row(1, 1, 1)[0], &kc.row(1, 1, 0)[3], &kc.row(0, 0, 1)[6], &vc.row(1, 1, 0)[2], &kc.row(2, 1, 1)[2]}) {
       const C saved = *c;
       bump_code(*c, 2);  // two codes off: never within tolerance
-      r = reference::check_append(in, m.out);
+      r = verify::check_append(in, m.out);
       CHECK(r.mismatches == 1);
       *c = saved;
     }
@@ -689,17 +690,17 @@ TEST_CASE("check_append on fp8 caches: the code of the call's own key, or of a k
       C& c = kc.row(1, 1, 0)[1];
       const C saved = c;
       bump_code(c, 1);
-      r = reference::check_append(in, m.out);
+      r = verify::check_append(in, m.out);
       CHECK(r.mismatches == 1);
       c = saved;
       // And the key the call wrote (a neighbour of gold, within tolerance) is what the code must follow.
       // Token 2, head 0, element 1, moved to its other neighbour of gold (still within tolerance).
       T& written = key_mode == 0 ? m.k_out[(2 * 2 + 0) * 8 + 1] : m.k[(2 * 2 + 0) * 8 + 1];
       const T kept = written;
-      written = reference::detail::next_value(kept, to_float(kept) < g.key[(2 * 2 + 0) * 8 + 1].value);
+      written = verify::detail::next_value(kept, to_float(kept) < g.key[(2 * 2 + 0) * 8 + 1].value);
       const uint8_t want = reference::quantize<C>(written, 0.75f);
       std::memcpy(&c, &want, 1);
-      r = reference::check_append(in, m.out);
+      r = verify::check_append(in, m.out);
       CHECK(r.ok());
       written = kept;
       c = saved;
@@ -710,7 +711,7 @@ TEST_CASE("check_append on fp8 caches: the code of the call's own key, or of a k
 TEST_CASE("fp8_within_tolerance: the codes of the keys in T within tolerance of gold, signed zeros included",
           "[host][reference][append][fp8]") {
   using T = __nv_bfloat16;
-  using reference::detail::fp8_within_tolerance;
+  using verify::detail::fp8_within_tolerance;
   // gold 1, A 1: the bf16 keys within 2^-7 + 2^-21 of 1 are 1 - 2^-8 .. 1 + 2^-7: all e4m3 1.0 (0x38).
   CHECK(fp8_within_tolerance<__nv_fp8_e4m3, T>(0x38, {1.0, 1.0}, 1.0f));
   CHECK_FALSE(fp8_within_tolerance<__nv_fp8_e4m3, T>(0x37, {1.0, 1.0}, 1.0f));
@@ -748,15 +749,15 @@ TEST_CASE("check_append: the norm's tolerance, widened by 2 + D / 16, and no mor
   const AppendParams<float> in = h.params();
   const reference::AppendGold g = reference::cpu_append(in);
   Made<float, float> m = make_outputs(h, g);
-  REQUIRE(reference::check_append(in, m.out).ok());
+  REQUIRE(verify::check_append(in, m.out).ok());
   const reference::Gold& e = g.key[5];
-  const double bound = reference::ulp<float>(e.value) + std::ldexp(e.abs_sum, -21);
+  const double bound = verify::ulp<float>(e.value) + std::ldexp(e.abs_sum, -21);
   CHECK(e.abs_sum >= (2 + 64 / 16.0) * std::fabs(e.value));  // the widening is there
   for (double f : {0.75, 4.0 / 3.0}) {
     const float v = static_cast<float>(e.value + f * bound);
     m.k_out[5] = v;
     m.kc[5] = v;
-    CHECK(reference::check_append(in, m.out).ok() == (f < 1));
+    CHECK(verify::check_append(in, m.out).ok() == (f < 1));
   }
 }
 

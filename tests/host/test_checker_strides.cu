@@ -1,6 +1,6 @@
-// Host test of the float64 reference and its checker on strided layouts (BSHD with padding, a
-// broadcast table, repeated and negative positions): outputs made by rounding the reference into
-// the strided output views pass; one wrong element in any output is found and named.
+// Host test of the float64 reference and its checker (verify/check_backward.hpp) on strided layouts (BSHD with padding,
+// a broadcast table, repeated and negative positions): outputs made by rounding the reference into the strided output
+// views pass; one wrong element in any output is found and named.
 #include <kvrope/reference/cpu_backward.hpp>
 
 #include <random>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "verify/check_backward.hpp"
 
 using namespace kvrope;
 
@@ -64,14 +65,14 @@ TEST_CASE("check_backward on padded BSHD views with a broadcast table", "[host][
     }
   for (size_t i = 0; i < gcos.size(); ++i) gcos[i] = bf(g.grad_cos[i].value), gsin[i] = bf(g.grad_sin[i].value);
 
-  reference::BackwardOutputs<T> out;
+  verify::BackwardOutputs<T> out;
   out.grad_key_states = gks;
   out.grad_value_states = gvs;
   out.grad_key_cache_input = gk_in;
   out.grad_value_cache_input = gv_in;
   out.grad_cos = bsd<const T>(gcos.data(), S, D);
   out.grad_sin = bsd<const T>(gsin.data(), S, D);
-  reference::CheckResult r = reference::check_backward(in, out);
+  verify::CheckResult r = verify::check_backward(in, out);
   INFO(r.first_mismatch);
   CHECK(r.ok());
   CHECK(r.checked == 2 * B * H * S * D + 2 * B * S * D + 2 * B * H * L * D);
@@ -91,7 +92,7 @@ TEST_CASE("check_backward on padded BSHD views with a broadcast table", "[host][
         Case{&gcos[B * S * D - 1], "grad_cos"}, Case{&gsin[0], "grad_sin"}}) {
     const T saved = *c.element;
     *c.element = __float2bfloat16(__bfloat162float(saved) + 1.0f);
-    r = reference::check_backward(in, out);
+    r = verify::check_backward(in, out);
     CHECK(r.mismatches == 1);
     CHECK(r.first_mismatch.find(c.name) != std::string::npos);
     *c.element = saved;

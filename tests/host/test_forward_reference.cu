@@ -1,16 +1,17 @@
-// Host tests of the float64 CPU reference of the forward (docs/spec.md §2) and its checker on cases small enough
-// to work by hand, the host side of the naive GPU forward (validation, workspace), and the adjoint test of the
+// Host tests of the float64 CPU reference of the forward (docs/spec.md §2) and its checker (verify/) on cases small
+// enough to work by hand, the host side of the naive GPU forward (validation, workspace), and the adjoint test of the
 // forward and backward references in float64 (§2.8).
 #include <kvrope/reference/cpu_backward.hpp>
 #include <kvrope/reference/cpu_forward.hpp>
-#include <kvrope/reference/naive_forward.cuh>
 
 #include <cmath>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench/naive/naive_forward.cuh"
 #include "support/catch.hpp"
+#include "verify/check_forward.hpp"
 
 using namespace kvrope;
 
@@ -297,12 +298,12 @@ TEST_CASE("check_forward accepts the right outputs and names the first wrong one
 
   std::vector<T> kc = rounded<T>(g.key_cache), vc = rounded<T>(g.value_cache), ko = rounded<T>(g.key_out),
                  qo = rounded<T>(g.query);
-  reference::ForwardOutputs<T> out;
+  verify::ForwardOutputs<T> out;
   out.key_cache = bhsd<const T>(kc.data(), H, L, D);
   out.value_cache = bhsd<const T>(vc.data(), H, L, D);
   out.key_out = bhsd<const T>(ko.data(), H, S, D);
   out.query = bhsd<const T>(qo.data(), Hq, S, D);
-  reference::CheckResult r = reference::check_forward(in, out);
+  verify::CheckResult r = verify::check_forward(in, out);
   INFO(r.first_mismatch);
   CHECK(r.ok());
   CHECK(r.checked == 2 * B * H * L * D + B * H * S * D + B * Hq * S * D);
@@ -324,7 +325,7 @@ TEST_CASE("check_forward accepts the right outputs and names the first wrong one
         Case{&qo[at4(Hq, S, D, 0, 1, 2, 4)], true, "query"}}) {
     const T saved = *c.element;
     *c.element = c.one_bit ? next_up(saved) : from_float<T>(to_float(saved) + 1.0f);
-    r = reference::check_forward(in, out);
+    r = verify::check_forward(in, out);
     CHECK(r.mismatches == 1);
     CHECK(r.first_mismatch.find(c.name) != std::string::npos);
     *c.element = saved;
@@ -340,7 +341,7 @@ TEST_CASE("check_forward accepts the right outputs and names the first wrong one
   std::vector<T> kc2 = rounded<T>(g2.key_cache), q2 = rounded<T>(g2.query);
   out.key_cache = bhsd<const T>(kc2.data(), H, L, D);
   out.query = bhsd<const T>(q2.data(), Hq, S, D);
-  r = reference::check_forward(in2, out);
+  r = verify::check_forward(in2, out);
   CHECK(r.ok());
   CHECK(r.checked == 2 * B * H * L * D + B * Hq * S * D);
 }

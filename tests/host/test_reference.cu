@@ -1,5 +1,5 @@
-// Host tests of the float64 CPU reference of the backward and its checker on cases small enough to work by hand,
-// with both rotary styles, partial rotary and table gradients summed over the batch.
+// Host tests of the float64 CPU reference of the backward and its checker (verify/) on cases small enough to work by
+// hand, with both rotary styles, partial rotary and table gradients summed over the batch.
 #include <kvrope/reference/cpu_backward.hpp>
 
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "verify/check_backward.hpp"
 
 using namespace kvrope;
 
@@ -62,25 +63,25 @@ TEST_CASE("check_backward accepts the right outputs and names the first wrong on
   const BackwardParams<float> in = tiny.params();
   std::vector<float> gks{-0.5f, -1.25f, -0.5f, -3.25f}, gvs{11, 12, 15, 16}, gcos{17, 0}, gsin{-0.5f, 20};
   std::vector<float> gk_in{1, 2, 0, 0, 5, 6, 0, 0}, gv_in{9, 10, 0, 0, 13, 14, 0, 0};
-  reference::BackwardOutputs<float> out;
+  verify::BackwardOutputs<float> out;
   out.grad_key_states = bhsd<const float>(gks.data(), 2, 1, 2);
   out.grad_value_states = bhsd<const float>(gvs.data(), 2, 1, 2);
   out.grad_cos = bsd<const float>(gcos.data(), 1, 2);
   out.grad_sin = bsd<const float>(gsin.data(), 1, 2);
   out.grad_key_cache_input = bhsd<const float>(gk_in.data(), 2, 2, 2);
   out.grad_value_cache_input = bhsd<const float>(gv_in.data(), 2, 2, 2);
-  reference::CheckResult r = reference::check_backward(in, out);
+  verify::CheckResult r = verify::check_backward(in, out);
   CHECK(r.ok());
   CHECK(r.checked == 4 + 4 + 2 + 2 + 8 + 8);
 
   gsin[1] = 20.001f;  // a computed output off by more than the tolerance
-  r = reference::check_backward(in, out);
+  r = verify::check_backward(in, out);
   CHECK(r.mismatches == 1);
   CHECK(r.first_mismatch.find("grad_sin") != std::string::npos);
   gsin[1] = 20;
 
   gv_in[2] = -0.0f;  // a zeroed row must be +0 bit for bit
-  r = reference::check_backward(in, out);
+  r = verify::check_backward(in, out);
   CHECK(r.mismatches == 1);
   CHECK(r.first_mismatch.find("grad_value_cache_input") != std::string::npos);
 }
@@ -145,19 +146,19 @@ TEST_CASE("cpu_backward with both styles and partial rotary, worked by hand", "[
   const BackwardParams<float> in = partial.params(RotaryStyle::kRotateHalf);
   std::vector<float> gks{0.875f, 4.5f, -3.75f, 9, 5, 6, 7, 8}, gvs{9, 10, 11, 12, 13, 14, 15, 16};
   std::vector<float> gcos{2, -2, 3, 12}, gsin{-1, -6, 6, -4}, gk_in(8, 0.0f), gv_in(8, 0.0f);
-  reference::BackwardOutputs<float> out;
+  verify::BackwardOutputs<float> out;
   out.grad_key_states = bhsd<const float>(gks.data(), 1, 1, 8);
   out.grad_value_states = bhsd<const float>(gvs.data(), 1, 1, 8);
   out.grad_cos = bsd<const float>(gcos.data(), 1, 4);
   out.grad_sin = bsd<const float>(gsin.data(), 1, 4);
   out.grad_key_cache_input = bhsd<const float>(gk_in.data(), 1, 1, 8);
   out.grad_value_cache_input = bhsd<const float>(gv_in.data(), 1, 1, 8);
-  reference::CheckResult r = reference::check_backward(in, out);
+  verify::CheckResult r = verify::check_backward(in, out);
   INFO(r.first_mismatch);
   CHECK(r.ok());
   CHECK(r.checked == 8 + 8 + 4 + 4 + 8 + 8);
   gks[6] = std::nextafter(7.0f, 8.0f);
-  r = reference::check_backward(in, out);
+  r = verify::check_backward(in, out);
   CHECK(r.mismatches == 1);
   CHECK(r.first_mismatch.find("grad_key_states") != std::string::npos);
 }
@@ -204,14 +205,14 @@ TEST_CASE("table gradients of batch_stride 0 hold the sum over the batch", "[hos
     std::vector<float> gks = round(g.grad_key_states), gvs = round_d(g.grad_value_states);
     std::vector<float> gk_in = round_d(g.grad_key_cache_input), gv_in = round_d(g.grad_value_cache_input);
     std::vector<float> gcos = round(g.grad_cos_batch_sum), gsin = round(g.grad_sin_batch_sum);
-    reference::BackwardOutputs<float> out;
+    verify::BackwardOutputs<float> out;
     out.grad_key_states = bhsd<const float>(gks.data(), H, S, D);
     out.grad_value_states = bhsd<const float>(gvs.data(), H, S, D);
     out.grad_key_cache_input = bhsd<const float>(gk_in.data(), H, L, D);
     out.grad_value_cache_input = bhsd<const float>(gv_in.data(), H, L, D);
     out.grad_cos = bsd<const float>(gcos.data(), S, R, true);
     out.grad_sin = bsd<const float>(gsin.data(), S, R, true);
-    reference::CheckResult r = reference::check_backward(in, out);
+    verify::CheckResult r = verify::check_backward(in, out);
     INFO(r.first_mismatch);
     CHECK(r.ok());
     CHECK(r.checked == 2 * B * H * S * D + 2 * S * R + 2 * B * H * L * D);  // each summed table checked once
@@ -219,12 +220,12 @@ TEST_CASE("table gradients of batch_stride 0 hold the sum over the batch", "[hos
     // Batch 0's own gradient is not the sum.
     std::vector<float> cos0 = round(g.grad_cos);
     out.grad_cos = bsd<const float>(cos0.data(), S, R, true);
-    r = reference::check_backward(in, out);
+    r = verify::check_backward(in, out);
     CHECK(r.mismatches > 0);
     CHECK(r.first_mismatch.find("grad_cos") != std::string::npos);
     // ... but it is what a per-batch output holds.
     out.grad_cos = bsd<const float>(cos0.data(), S, R);
-    r = reference::check_backward(in, out);
+    r = verify::check_backward(in, out);
     CHECK(r.ok());
   }
 }

@@ -1,4 +1,5 @@
-// Host tests of the per-element RoPE building blocks, the index division and the tolerance helpers.
+// Host tests of the per-element RoPE building blocks, the index division and the tolerance helpers
+// (verify/tolerance.hpp).
 #include <kvrope/detail/common/divmod.cuh>
 #include <kvrope/reference/cpu_backward.hpp>
 #include <kvrope/rope.cuh>
@@ -6,6 +7,7 @@
 #include <random>
 
 #include "support/catch.hpp"
+#include "verify/tolerance.hpp"
 
 using namespace kvrope;
 
@@ -88,7 +90,7 @@ TEST_CASE("FastDivmod agrees with / and %", "[host][divmod]") {
 }
 
 TEST_CASE("ulp and the tolerance follow docs/spec.md §1.7", "[host][tolerance]") {
-  using reference::ulp;
+  using verify::ulp;
   CHECK(ulp<__nv_bfloat16>(1.0) == std::ldexp(1.0, -7));
   CHECK(ulp<__half>(1.0) == std::ldexp(1.0, -10));
   CHECK(ulp<float>(1.0) == std::ldexp(1.0, -23));
@@ -97,10 +99,10 @@ TEST_CASE("ulp and the tolerance follow docs/spec.md §1.7", "[host][tolerance]"
   CHECK(ulp<float>(0.0) == std::ldexp(1.0, -149));
   // One bf16 step off passes, two fail; NaN never passes.
   const __nv_bfloat16 one = __float2bfloat16(1.0f);
-  CHECK(reference::within_tolerance(one, 1.0 + std::ldexp(1.0, -7), 0.0));
-  CHECK_FALSE(reference::within_tolerance(one, 1.0 + std::ldexp(1.0, -6), 0.0));
-  CHECK_FALSE(reference::within_tolerance(__float2bfloat16(NAN), 1.0, 1.0));
+  CHECK(verify::within_tolerance(one, 1.0 + std::ldexp(1.0, -7), 0.0));
+  CHECK_FALSE(verify::within_tolerance(one, 1.0 + std::ldexp(1.0, -6), 0.0));
+  CHECK_FALSE(verify::within_tolerance(__float2bfloat16(NAN), 1.0, 1.0));
   // The accumulation term: 2^-21 of the sum of absolute products.
-  CHECK(reference::within_tolerance(1.0f, 1.0 + std::ldexp(1.0, -20), 2.5));
-  CHECK_FALSE(reference::within_tolerance(1.0f, 1.0 + std::ldexp(1.0, -20), 1.0));
+  CHECK(verify::within_tolerance(1.0f, 1.0 + std::ldexp(1.0, -20), 2.5));
+  CHECK_FALSE(verify::within_tolerance(1.0f, 1.0 + std::ldexp(1.0, -20), 1.0));
 }

@@ -1,7 +1,7 @@
 // GPU test fixture of the append (docs/spec.md §6): a configuration drawn or written by a test, its device
 // buffers (random normal inputs, outputs and caches poisoned with 0xFF bytes), the launch (direct or
 // replayed from a CUDA graph), and the check of everything the call left against the float64 reference:
-// every output row (reference::check_append), every element outside the rows (padding, the gaps of a
+// every output row (verify::check_append), every element outside the rows (padding, the gaps of a
 // fused qkv buffer) unchanged, the error flag.
 #pragma once
 
@@ -17,8 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "support/append_launchers.cuh"
 #include "support/gpu_problem.cuh"
+#include "verify/append_launchers.cuh"
+#include "verify/check_append.hpp"
 
 namespace kvrope::testing {
 
@@ -408,7 +409,7 @@ struct AppendProblem {
     AppendSnapshot<T, C> after = snapshot();
     const AppendParams<T, C, Pos> in = host_params(before);
     const AppendParams<T, C, Pos> now = host_params(after);
-    reference::AppendOutputs<T, C> out;
+    verify::AppendOutputs<T, C> out;
     out.query = now.query;
     out.query_out = now.query_out;
     out.query_out_fp8 = now.query_out_fp8;
@@ -419,7 +420,7 @@ struct AppendProblem {
                      now.key_cache.head_stride};
     out.value_cache = {now.value_cache.data, now.value_cache.page_stride, now.value_cache.offset_stride,
                        now.value_cache.head_stride};
-    const reference::CheckResult r = reference::check_append(in, out);
+    const verify::CheckResult r = verify::check_append(in, out);
     INFO("checked " << r.checked << ", mismatches " << r.mismatches << ": " << r.first_mismatch);
     CHECK(r.ok());
     const int64_t N = cfg.tokens, H = cfg.heads, Hq = cfg.query_heads, D = cfg.head_dim;

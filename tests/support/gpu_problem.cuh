@@ -2,10 +2,8 @@
 // implementations (fused out-of-place, fused in-place, naive), and the float64 check of what they wrote.
 #pragma once
 
-#include "support/launch_policy.cuh"
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_backward.hpp>
-#include <kvrope/reference/naive_backward.cuh>
 
 #include <algorithm>
 #include <cstdint>
@@ -15,8 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "bench/naive/naive_backward.cuh"
 #include "support/catch.hpp"
-#include "support/launchers.cuh"
+#include "verify/check_backward.hpp"
+#include "verify/launch_policy.cuh"
+#include "verify/launchers.cuh"
 
 #define KVROPE_CUDA_REQUIRE(call)                             \
   do {                                                        \
@@ -389,7 +390,7 @@ struct Problem {
     BackwardParams<T, Pos> in;
     fill_common(in, h_gk.data(), h_gv.data(), h_key.data(), h_cos.data(), h_sin.data(), nullptr, nullptr, nullptr,
                 nullptr, host_pos.data());
-    reference::BackwardOutputs<T> out;
+    verify::BackwardOutputs<T> out;
     out.grad_key_states = heads_view(h_gks.data(), cfg.shape.seq_len);
     out.grad_value_states = heads_view(h_gvs.data(), cfg.shape.seq_len);
     out.grad_key_cache_input = heads_view(h_gk_in.data(), cfg.shape.cache_len);
@@ -398,7 +399,7 @@ struct Problem {
       out.grad_cos = out_table_view(h_gcos.data());
       out.grad_sin = out_table_view(h_gsin.data());
     }
-    const reference::CheckResult r = reference::check_backward(in, out);
+    const verify::CheckResult r = verify::check_backward(in, out);
     INFO("checked " << r.checked << ", mismatches " << r.mismatches << ": " << r.first_mismatch);
     CHECK(r.ok());
 

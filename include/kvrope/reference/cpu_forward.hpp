@@ -1,20 +1,22 @@
-// The float64 CPU reference of the forward op (docs/spec.md §2) and the checker the tests and the benchmark use.
+// The float64 CPU reference of the forward op (docs/spec.md §2): every output of a call computed from host copies
+// of its inputs (cpu_forward), and the per-element pieces it is made of (gold_rope, row_writers, the expected
+// error flag), to check a port or an integration against. Each computed value comes with the sum of |products|
+// the tolerance of §1.7 needs (Gold).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "../core/dtype.cuh"
 #include "../core/rotary.cuh"
 #include "../error_flag.cuh"
 #include "../forward_params.cuh"
-#include "tolerance.hpp"
+#include "common.hpp"
 
 namespace kvrope::reference {
 
-// (cache_row and positions_in_range: tolerance.hpp, for either op's parameters.)
+// (cache_row and positions_in_range: common.hpp, for either op's parameters.)
 
 //! True when the rotary tables come from a table cache (cos_sin_cache or cos_sin_cache_f32), false for per-token
 //! tables.
@@ -50,12 +52,6 @@ int expected_error_flag(const ForwardParams<T, Pos>& p) {
       if (!token_valid(p, b, t)) flag |= kErrorPositionIdOutOfRange;
   return flag;
 }
-
-//! The cos and sin one element is rotated with.
-struct Angle {
-  double cos = 1.0;
-  double sin = 0.0;
-};
 
 //! The cos and sin that element e < R of token t in batch b is rotated with (the token must be valid): the
 //! per-token tables' [b, t, e], or the table cache's columns c and R/2 + c of the token's position id, with
@@ -97,13 +93,6 @@ std::vector<int64_t> row_writers(const ForwardParams<T, Pos>& p, int64_t b) {
   }
   return writer;
 }
-
-//! Host copies of what a call wrote: the caches after the call, key_out, and the rotated queries (query_out, or
-//! query after an in-place call). A null key_out or query is not checked.
-template <typename T>
-struct ForwardOutputs {
-  HeadRows<const T> key_cache, value_cache, key_out, query;
-};
 
 //! Dense float64 results of the reference, for small problems: each buffer as it must be after the call.
 //! Copies (v, the pass-through elements R..D-1, rows and tokens left as they were) have abs_sum 0 and a value
@@ -167,54 +156,6 @@ ForwardGold cpu_forward(const ForwardParams<T, Pos>& in) {
     }
   }
   return g;
-}
-
-//! Compares a call's outputs (host copies) with the float64 reference computed from host copies of its inputs
-//! taken before the call (as cpu_forward takes them): rotated elements within tolerance; copies bit-exact (the
-//! values, the pass-through elements R..D-1, the cache rows no token writes, and the key_out and query rows of
-//! tokens that write nothing, left as they were). key_out is checked when both in.key_out and out.key_out are
-//! given; the queries when query_heads > 0 and out.query is given.
-template <typename T, typename Pos>
-CheckResult check_forward(const ForwardParams<T, Pos>& in, const ForwardOutputs<T>& out) {
-  const int64_t B = in.batch, H = in.heads, S = in.seq_len, L = in.cache_len, D = in.head_dim;
-  const int64_t R = rotary_dim_of(in);
-  const bool check_key_out = in.key_out.data && out.key_out.data;
-  const bool check_query = in.query_heads > 0 && out.query.data;
-  const HeadRows<const T> query_before = detail::query_before(in);
-  return detail::check_batches(B, [&](int64_t b, const auto& expect) {
-    // One head row of a rotated output: RoPE(x) when the token is valid, else `before` unchanged.
-    auto expect_rope = [&](const char* name, const T* got, const T* x, const T* before, int64_t j, int64_t s, int64_t t,
-                           bool valid) {
-      for (int64_t d = 0; d < D; ++d) {
-        if (valid && d < R) {
-          const Gold gold = gold_rope(in, x, b, t, d);
-          expect(within_tolerance(got[d], gold.value, gold.abs_sum), name, j, s, d, to_float(got[d]), gold.value);
-        } else {
-          const T want = valid ? x[d] : before[d];
-          expect(detail::same_bits(got[d], want), name, j, s, d, to_float(got[d]), to_float(want));
-        }
-      }
-    };
-    const std::vector<int64_t> writer = row_writers(in, b);
-    for (int64_t j = 0; j < H; ++j)
-      for (int64_t r = 0; r < L; ++r) {
-        const int64_t t = writer[r];
-        const T* k = t < 0 ? nullptr : in.key_states.row(b, j, t);
-        expect_rope("key_cache", out.key_cache.row(b, j, r), k, in.key_cache.row(b, j, r), j, r, t, t >= 0);
-        const T* want = t < 0 ? in.value_cache.row(b, j, r) : in.value_states.row(b, j, t);
-        const T* got = out.value_cache.row(b, j, r);
-        for (int64_t d = 0; d < D; ++d)
-          expect(detail::same_bits(got[d], want[d]), "value_cache", j, r, d, to_float(got[d]), to_float(want[d]));
-      }
-    for (int64_t t = 0; t < S; ++t) {
-      const bool valid = token_valid(in, b, t);
-      for (int64_t j = 0; j < H && check_key_out; ++j)
-        expect_rope("key_out", out.key_out.row(b, j, t), in.key_states.row(b, j, t), in.key_out.row(b, j, t), j, t, t,
-                    valid);
-      for (int64_t i = 0; i < in.query_heads && check_query; ++i)
-        expect_rope("query", out.query.row(b, i, t), in.query.row(b, i, t), query_before.row(b, i, t), i, t, t, valid);
-    }
-  });
 }
 
 }  // namespace kvrope::reference

@@ -1,5 +1,5 @@
-// One case's tensors, shared by its variants (only one case is alive at a time), and its check
-// against the float64 CPU reference (docs/spec.md §1.7).
+// A backward case's tensors, shared by its variants, and its check against the float64 CPU reference
+// (docs/spec.md §1.7).
 #pragma once
 
 #include <algorithm>
@@ -15,20 +15,18 @@
 
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_backward.hpp>
-#include <kvrope/reference/naive_backward.cuh>
+
+#include "bench/naive/naive_backward.cuh"
+#include "verify/check_backward.hpp"
 
 #include "cases.hpp"
 #include "check.cuh"
 #include "device.cuh"
 #include "fill.cuh"
 #include "options.cuh"
+#include "runner.cuh"
 
 namespace kvrope_bench {
-
-struct CaseDataBase {
-  virtual ~CaseDataBase() = default;
-  int case_id = 0;
-};
 
 template <typename T>
 struct CaseData : CaseDataBase {
@@ -193,14 +191,14 @@ struct CaseData : CaseDataBase {
     const HostArray<T> gks_h = to_host<T>(gks), gvs_h = to_host<T>(gvs);
     const HostArray<T> gcos_h = to_host<T>(gcos), gsin_h = to_host<T>(gsin);
     const HostArray<T> gk_out_h = to_host<T>(cache_k_out), gv_out_h = to_host<T>(cache_v_out);
-    kvrope::reference::BackwardOutputs<T> out;
+    kvrope::verify::BackwardOutputs<T> out;
     out.grad_key_states = kvrope::bhsd(static_cast<const T*>(gks_h.data()), H, S, D);
     out.grad_value_states = kvrope::bhsd(static_cast<const T*>(gvs_h.data()), H, S, D);
     out.grad_key_cache_input = kvrope::bhsd(static_cast<const T*>(gk_out_h.data()), H, Smax, D);
     out.grad_value_cache_input = kvrope::bhsd(static_cast<const T*>(gv_out_h.data()), H, Smax, D);
     out.grad_cos = kvrope::bsd(static_cast<const T*>(gcos_h.data()), S, D);
     out.grad_sin = kvrope::bsd(static_cast<const T*>(gsin_h.data()), S, D);
-    const kvrope::reference::CheckResult r = kvrope::reference::check_backward(host_inputs(), out);
+    const kvrope::verify::CheckResult r = kvrope::verify::check_backward(host_inputs(), out);
     if (r.ok()) return std::string();
     return "check failed: " + std::to_string(r.mismatches) + " of " + std::to_string(r.checked) +
            " elements mismatch; first: " + r.first_mismatch;
@@ -219,18 +217,5 @@ struct CaseData : CaseDataBase {
     return flag;
   }
 };
-
-// The case's data in `slot`, allocated anew (the previous case freed first) when the case changes.
-template <typename T>
-CaseData<T>& acquire_case(std::unique_ptr<CaseDataBase>& slot, const LeaderboardCase& lc, const Options& opt,
-                          int fill_blocks, cudaStream_t stream) {
-  auto* current = dynamic_cast<CaseData<T>*>(slot.get());
-  if (current == nullptr || current->case_id != lc.id) {
-    slot.reset();
-    slot = std::make_unique<CaseData<T>>(lc, opt, fill_blocks, stream);
-    current = static_cast<CaseData<T>*>(slot.get());
-  }
-  return *current;
-}
 
 }  // namespace kvrope_bench

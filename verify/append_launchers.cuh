@@ -1,5 +1,5 @@
 // The append launchers the GPU tests and the benchmark call, compiled once a dtype
-// (tests/support/append_launchers_<dtype>.cu, in the kvrope_launchers library): this header only declares them.
+// (verify/append_launchers_<dtype>.cu, in the kvrope_launchers library): this header only declares them.
 #pragma once
 
 #include <kvrope/append.cuh>

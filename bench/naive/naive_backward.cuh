@@ -1,6 +1,7 @@
-// The naive GPU reference: the op computed step by step the way the published PyTorch reference
+// The naive GPU backward: the op computed step by step the way the published PyTorch reference
 // does it (gather, elementwise products, concatenation, head sums, clone, zeroing of rows), one
-// simple kernel per step with temporaries. It is what the benchmark compares the fused kernel with.
+// simple kernel per step with temporaries. It is what the benchmark compares the fused kernel with
+// (bench/naive/: not installed; the GPU tests check it against the float64 reference too).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../backward.cuh"
+#include <kvrope/backward.cuh>
 
 namespace kvrope::reference {
 

@@ -1,4 +1,4 @@
 // The tests' and the benchmark's append launchers for __half (append_launchers.cuh).
-#include "support/append_launchers_impl.cuh"
+#include "verify/append_launchers_impl.cuh"
 
 KVROPE_APPEND_LAUNCHERS(__half);

@@ -13,16 +13,16 @@
 #include <cuda_runtime.h>
 
 #include <kvrope/kvrope.cuh>
-#include <kvrope/reference/naive_forward.cuh>
 
-#include "case_data.cuh"
+#include "bench/naive/naive_forward.cuh"
+
 #include "cases.hpp"
 #include "check.cuh"
 #include "cupti_clock.cuh"
 #include "forward_case.cuh"
 #include "options.cuh"
 #include "results.cuh"
-#include "timed_calls.cuh"
+#include "runner.cuh"
 
 namespace kvrope_bench {
 
@@ -36,7 +36,7 @@ void run_forward_variant(benchmark::State& state, Run& run, GpuClock& clock, std
     state.SkipWithError("R = D / 2 must be even (--head_dim a multiple of 4)");
     return;
   }
-  ForwardCaseData<T>& data = acquire_forward_case<T>(slot, lc, opt, run.device.fill_blocks(), clock.stream());
+  ForwardCaseData<T>& data = acquire_case<ForwardCaseData<T>>(slot, lc, opt, run.device.fill_blocks(), clock.stream());
   const cudaStream_t stream = clock.stream();
   const auto params = data.params(shape);
   const bool naive = variant == FwdVariant::kFwdNaive;
@@ -74,13 +74,11 @@ void run_forward_variant(benchmark::State& state, Run& run, GpuClock& clock, std
 
   VariantResult r;
   r.checked = checked;
-  std::vector<double> activities;
-  if (!time_calls(state, clock, opt.warmup, prepare, launch, status, launcher, r, activities)) return;
-  if (const int flag = data.read_error_flag(); flag != 0) {
-    state.SkipWithError(("the kernel raised error_flag = " + std::to_string(flag)).c_str());
-    return;
-  }
-  finish_timing(state, r, activities);
+  auto after = [&]() -> std::string {
+    const int flag = data.read_error_flag();
+    return flag != 0 ? "the kernel raised error_flag = " + std::to_string(flag) : std::string();
+  };
+  if (!run_timed(state, clock, opt.warmup, prepare, launch, status, launcher, after, r)) return;
 
   ForwardCaseResult& cr = run.forward_results[lc.id];
   cr.lc = lc;
@@ -90,19 +88,8 @@ void run_forward_variant(benchmark::State& state, Run& run, GpuClock& clock, std
   fr.bytes = forward_bytes(lc, shape.rotary_dim, sizeof(T));
   fr.floor_us = run.calibration.floor_us(fr.bytes);
 
-  state.counters["median_us"] = r.median_us;
-  state.counters["event_median_us"] = r.event_median_us;
-  state.counters["event_us"] = r.event_median_us;
-  state.counters["event_traced_us"] = r.event_traced_median_us;
-  state.counters["min_us"] = r.min_us;
-  state.counters["p90_us"] = r.p90_us;
-  state.counters["bytes"] = fr.bytes;
-  state.counters["TBps"] = fr.bytes / r.median_us * 1e-6;
-  state.counters["floor_us"] = fr.floor_us;
-  state.counters["x_floor"] = r.median_us / fr.floor_us;
-  if (opt.suite == Suite::kDecode)
-    state.counters["x_floor_empty"] = r.median_us / (fr.floor_us + run.calibration.empty_kernel_us);
-  state.counters["activities"] = r.activities;
+  set_time_counters(state, r, fr.bytes, fr.floor_us,
+                    opt.suite == Suite::kDecode ? run.calibration.empty_kernel_us : -1);
   // Speedups over the naive reference, and the styles over rotate-half, on the row of whichever ran last.
   const FwdResult* other = nullptr;
   if (variant == FwdVariant::kFwd && (other = find_variant(cr, FwdVariant::kFwdNaive)))
@@ -127,14 +114,9 @@ void register_forward_benchmarks(Run& run, GpuClock& clock, std::unique_ptr<Case
   for (const LeaderboardCase& lc : run.cases) {
     for (FwdVariant v : fwd_variant_order(run.options)) {
       if (!fwd_selected(run.options, v)) continue;
-      char name[64];
-      std::snprintf(name, sizeof(name), "%s/%s/case:%02d", suite_name(run.options.suite), fwd_variant_name(v), lc.id);
-      benchmark::RegisterBenchmark(
-          name,
-          [&run, &clock, &slot, lc, v](benchmark::State& st) { run_forward_variant<T>(st, run, clock, slot, lc, v); })
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond)
-          ->Iterations(run.options.iters);
+      register_variant(
+          suite_name(run.options.suite), fwd_variant_name(v), lc.id, run.options.iters,
+          [&run, &clock, &slot, lc, v](benchmark::State& st) { run_forward_variant<T>(st, run, clock, slot, lc, v); });
     }
   }
 }

@@ -13,19 +13,19 @@
 #include "json.cuh"
 #include "options.cuh"
 #include "results.cuh"
-#include "serve_cases.hpp"
+#include "append_cases.hpp"
 #include "stats.hpp"
-#include "summary.cuh"
+#include "backward_report.cuh"
 
 namespace kvrope_bench {
 
 // Cases of at least this many bytes (64 * 10^6) are bandwidth-bound; the prefill suite reports their own
 // geomean of time / floor.
-constexpr double kServeLargeBytes = 64e6;
+constexpr double kAppendLargeBytes = 64e6;
 
-struct ServeSummary {
+struct AppendSummary {
   int cases = 0, checked_cases = 0;
-  std::map<ServeVariant, Means> time, event, x_floor, x_floor_empty, x_floor_large;
+  std::map<AppendVariant, Means> time, event, x_floor, x_floor_empty, x_floor_large;
   Means floor, floor_kip, naive_x_kvrope, naive_x_kip;
   int large_cases = 0;
   std::vector<std::string> failures;
@@ -33,21 +33,21 @@ struct ServeSummary {
   std::map<std::string, Means> kvrope_x_floor_by_config;
 };
 
-inline std::string serve_config_name(const ServeCase& c) {
-  return "Hq " + std::to_string(c.query_heads) + " " + c.cache_label() + " " + serve_layout_name(c.layout);
+inline std::string append_config_name(const AppendCase& c) {
+  return "Hq " + std::to_string(c.query_heads) + " " + c.cache_label() + " " + append_layout_name(c.layout);
 }
 
 // Whether any case that ran writes q in fp8 (the q-fp8 cases, cache "fp8_e4m3+q8").
-inline bool serve_any_query_fp8(const Run& run) {
-  for (const auto& [id, cr] : run.serve_results)
+inline bool append_any_query_fp8(const Run& run) {
+  for (const auto& [id, cr] : run.append_results)
     if (!cr.variants.empty() && cr.sc.query_fp8) return true;
   return false;
 }
 
-// The host-time line (measure_serve_host, --host_calls): "serve-host: kvrope call median us = X  empty launch
+// The host-time line (measure_append_host, --host_calls): "serve-host: kvrope call median us = X  empty launch
 // median us = Y  ratio = Z", then what was measured.
-inline void print_serve_host(const Run& run) {
-  const ServeHostTime& h = run.serve_host;
+inline void print_append_host(const Run& run) {
+  const AppendHostTime& h = run.append_host;
   if (run.options.host_calls <= 0) return;
   if (!h.measured) {
     std::printf("serve-host: not measured: %s\n", h.error.c_str());
@@ -58,14 +58,14 @@ inline void print_serve_host(const Run& run) {
       "return, steady_clock; case %d: %s Hq %lld %s %s, k read only; %lld calls of each, stream synchronized every "
       "%lld, untimed; warm, no graph, CUPTI tracing off; p10-p90 us: call %.3f-%.3f, empty %.3f-%.3f)\n",
       h.call_median_us, h.empty_median_us, h.ratio(), h.sc.id, h.sc.shape().c_str(),
-      static_cast<long long>(h.sc.query_heads), h.sc.cache_label(), serve_layout_name(h.sc.layout),
+      static_cast<long long>(h.sc.query_heads), h.sc.cache_label(), append_layout_name(h.sc.layout),
       static_cast<long long>(h.calls), static_cast<long long>(h.sync_every), h.call_p10_us, h.call_p90_us,
       h.empty_p10_us, h.empty_p90_us);
 }
 
 // The JSON's "host_time" member, with its trailing ",\n".
-inline std::string serve_host_json(const Run& run) {
-  const ServeHostTime& h = run.serve_host;
+inline std::string append_host_json(const Run& run) {
+  const AppendHostTime& h = run.append_host;
   if (run.options.host_calls <= 0) return "";
   std::string j =
       "  \"host_time\": {\"what\": \"CPU time (std::chrono::steady_clock) for one call to return, median; "
@@ -75,7 +75,7 @@ inline std::string serve_host_json(const Run& run) {
   return j + ", \"case\": " + std::to_string(h.sc.id) + ", \"shape\": " + json_string(h.sc.shape()) +
          ", \"tokens\": " + std::to_string(h.sc.tokens()) + ", \"query_heads\": " + std::to_string(h.sc.query_heads) +
          ", \"cache\": " + json_string(h.sc.cache_label()) +
-         ", \"layout\": " + json_string(serve_layout_name(h.sc.layout)) +
+         ", \"layout\": " + json_string(append_layout_name(h.sc.layout)) +
          ", \"variant\": \"kvrope\", \"calls\": " + std::to_string(h.calls) +
          ", \"sync_every\": " + std::to_string(h.sync_every) +
          ", \"kvrope_call_median_us\": " + json_number(h.call_median_us) +
@@ -87,16 +87,16 @@ inline std::string serve_host_json(const Run& run) {
          "},\n";
 }
 
-inline ServeSummary summarize_serve(const Run& run) {
-  ServeSummary s;
+inline AppendSummary summarize_append(const Run& run) {
+  AppendSummary s;
   const double empty = run.calibration.empty_kernel_us;
-  for (const auto& [id, cr] : run.serve_results) {
+  for (const auto& [id, cr] : run.append_results) {
     (void)id;
     if (cr.variants.empty()) continue;
     ++s.cases;
     s.floor.add(cr.floor_us);
     s.floor_kip.add(cr.floor_kip_us);
-    const bool large = cr.bytes >= kServeLargeBytes;
+    const bool large = cr.bytes >= kAppendLargeBytes;
     if (large) ++s.large_cases;
     if (cr.checks > 0) ++s.checked_cases;
     if (!cr.check_failure.empty()) s.failures.push_back(cr.check_failure);
@@ -108,17 +108,17 @@ inline ServeSummary summarize_serve(const Run& run) {
       s.x_floor_empty[v].add(r.median_us / (fl + empty));
       if (large) s.x_floor_large[v].add(r.median_us / fl);
     }
-    const VariantResult* k = find_variant(cr, ServeVariant::kKvrope);
-    const VariantResult* kip = find_variant(cr, ServeVariant::kKvropeKeyInPlace);
-    const VariantResult* n = find_variant(cr, ServeVariant::kNaive);
+    const VariantResult* k = find_variant(cr, AppendVariant::kKvrope);
+    const VariantResult* kip = find_variant(cr, AppendVariant::kKvropeKeyInPlace);
+    const VariantResult* n = find_variant(cr, AppendVariant::kNaive);
     if (k && n) s.naive_x_kvrope.add(n->median_us / k->median_us);
     if (kip && n) s.naive_x_kip.add(n->median_us / kip->median_us);
-    if (k) s.kvrope_x_floor_by_config[serve_config_name(cr.sc)].add(k->median_us / cr.floor_us);
+    if (k) s.kvrope_x_floor_by_config[append_config_name(cr.sc)].add(k->median_us / cr.floor_us);
   }
   return s;
 }
 
-inline void print_serve_summary(const Run& run, const ServeSummary& s) {
+inline void print_append_summary(const Run& run, const AppendSummary& s) {
   const Options& o = run.options;
   const bool decode = o.suite == Suite::kServeDecode;
   const double nan = std::nan(""), empty = run.calibration.empty_kernel_us;
@@ -127,25 +127,25 @@ inline void print_serve_summary(const Run& run, const ServeSummary& s) {
       "q rotated in place; kvrope: k read only; kvrope_kip and naive: k rotated in place; times are CUPTI "
       "medians in us\n",
       suite_name(o.suite), run.device.name.c_str());
-  if (serve_any_query_fp8(run))
+  if (append_any_query_fp8(run))
     std::printf(
         "q-fp8 cases (cache fp8_e4m3+q8): kvrope and kvrope_kip write RoPE(q) to query_out_fp8 in fp8 e4m3 "
         "(scale %g), q left as it was; floors count q written in 1 byte; naive: as on the fp8_e4m3 case (q in "
         "place in bf16: it has no fp8 q)\n",
-        static_cast<double>(kServeQueryScale));
+        static_cast<double>(kAppendQueryScale));
   std::printf("%4s %8s %3s %8s %3s | %8s %8s %8s | %7s %7s %8s | %7s %7s %7s %6s%s | %8s %8s | %s\n", "case", "shape",
               "Hq", "cache", "lay", "kvrope", "kip", "naive", "floor", "fl_kip", "MB", "k/fl", "kip/flk", "n/flk",
               "n/k", decode ? " k/(fl+em)" : "", "k_ev", "naive_ev", "check");
-  for (const auto& [id, cr] : run.serve_results) {
+  for (const auto& [id, cr] : run.append_results) {
     if (cr.variants.empty()) continue;
-    const VariantResult* k = find_variant(cr, ServeVariant::kKvrope);
-    const VariantResult* kip = find_variant(cr, ServeVariant::kKvropeKeyInPlace);
-    const VariantResult* n = find_variant(cr, ServeVariant::kNaive);
+    const VariantResult* k = find_variant(cr, AppendVariant::kKvrope);
+    const VariantResult* kip = find_variant(cr, AppendVariant::kKvropeKeyInPlace);
+    const VariantResult* n = find_variant(cr, AppendVariant::kNaive);
     const double kt = k ? k->median_us : nan, kipt = kip ? kip->median_us : nan, nt = n ? n->median_us : nan;
     const char* check = cr.checks == 0 ? "-" : cr.check_failure.empty() ? "ok" : "FAILED";
     std::printf("%4d %8s %3lld %8s %3s | %8s %8s %8s | %7s %7s %8s | %7s %7s %7s %6s%s | %8s %8s | %s\n", id,
                 cr.sc.shape().c_str(), static_cast<long long>(cr.sc.query_heads), cr.sc.cache_label(),
-                serve_layout_name(cr.sc.layout), fmt("%.2f", kt).c_str(), fmt("%.2f", kipt).c_str(),
+                append_layout_name(cr.sc.layout), fmt("%.2f", kt).c_str(), fmt("%.2f", kipt).c_str(),
                 fmt("%.2f", nt).c_str(), fmt("%.2f", cr.floor_us).c_str(), fmt("%.2f", cr.floor_kip_us).c_str(),
                 fmt("%.3f", cr.bytes * 1e-6).c_str(), fmt("%.3f", kt / cr.floor_us).c_str(),
                 fmt("%.3f", kipt / cr.floor_kip_us).c_str(), fmt("%.3f", nt / cr.floor_kip_us).c_str(),
@@ -164,37 +164,37 @@ inline void print_serve_summary(const Run& run, const ServeSummary& s) {
     if (m.n != of) std::printf("   (over %d of %d cases)", m.n, of);
     std::printf("\n");
   };
-  const std::vector<ServeVariant> order = serve_variant_order(o);
+  const std::vector<AppendVariant> order = append_variant_order(o);
   auto means = [&](bool geo) {
     const char* kind = geo ? "geomean" : "mean";
-    for (ServeVariant v : order)
+    for (AppendVariant v : order)
       if (s.time.count(v))
-        line(std::string(serve_variant_name(v)) + " " + kind + " us", s.time.at(v), geo, "%.2f", s.cases);
+        line(std::string(append_variant_name(v)) + " " + kind + " us", s.time.at(v), geo, "%.2f", s.cases);
     line(std::string("kvrope floor ") + kind + " us", s.floor, geo, "%.2f", s.cases);
     line(std::string("kvrope_kip floor ") + kind + " us", s.floor_kip, geo, "%.2f", s.cases);
-    for (ServeVariant v : order)
+    for (AppendVariant v : order)
       if (s.event.count(v))
-        line(std::string(serve_variant_name(v)) + " event " + kind + " us", s.event.at(v), geo, "%.2f", s.cases);
+        line(std::string(append_variant_name(v)) + " event " + kind + " us", s.event.at(v), geo, "%.2f", s.cases);
   };
   std::printf(
       "\ngeometric means over the %d case(s) that ran (CUPTI medians, us; kvrope_kip and naive against "
       "the floor with k written):\n",
       s.cases);
   means(true);
-  for (ServeVariant v : order)
+  for (AppendVariant v : order)
     if (s.x_floor.count(v))
-      line(std::string(serve_variant_name(v)) + "/floor geomean", s.x_floor.at(v), true, "%.3f", s.cases);
+      line(std::string(append_variant_name(v)) + "/floor geomean", s.x_floor.at(v), true, "%.3f", s.cases);
   if (decode) {
     std::printf("time / (floor + one empty kernel, %.2f us):\n", empty);
-    for (ServeVariant v : order)
+    for (AppendVariant v : order)
       if (s.x_floor_empty.count(v))
-        line(std::string(serve_variant_name(v)) + "/(floor+empty) geomean", s.x_floor_empty.at(v), true, "%.3f",
+        line(std::string(append_variant_name(v)) + "/(floor+empty) geomean", s.x_floor_empty.at(v), true, "%.3f",
              s.cases);
   } else {
     std::printf("cases of 64 MB or more (%d):\n", s.large_cases);
-    for (ServeVariant v : order)
+    for (AppendVariant v : order)
       if (s.x_floor_large.count(v))
-        line(std::string(serve_variant_name(v)) + "/floor geomean (>= 64 MB)", s.x_floor_large.at(v), true, "%.3f",
+        line(std::string(append_variant_name(v)) + "/floor geomean (>= 64 MB)", s.x_floor_large.at(v), true, "%.3f",
              s.large_cases);
   }
   line("naive/kvrope geomean speedup", s.naive_x_kvrope, true, "%.1f", s.cases);
@@ -212,31 +212,31 @@ inline void print_serve_summary(const Run& run, const ServeSummary& s) {
     std::printf("check: FAILED on %zu of %d checked case(s); first: %s\n", s.failures.size(), s.checked_cases,
                 s.failures.front().c_str());
   }
-  for (const auto& [id, cr] : run.serve_results)
+  for (const auto& [id, cr] : run.append_results)
     if (!cr.check_note.empty()) std::printf("check note (within tolerance): %s\n", cr.check_note.c_str());
-  print_serve_host(run);
+  print_append_host(run);
   std::printf("\narithmetic means over the %d case(s) that ran (CUPTI medians, us):\n", s.cases);
   means(false);
 }
 
 // The --kvrope_json file of a serve suite: device, config, calibration, cases[] with every per-call time,
 // geomean, arithmetic_mean.
-inline void write_serve_json(const Run& run, const ServeSummary& s, const std::string& path) {
+inline void write_append_json(const Run& run, const AppendSummary& s, const std::string& path) {
   const Options& o = run.options;
   const bool decode = o.suite == Suite::kServeDecode;
   const double empty = run.calibration.empty_kernel_us;
-  const std::vector<ServeVariant> order = serve_variant_order(o);
+  const std::vector<AppendVariant> order = append_variant_order(o);
   std::string variants;
-  for (ServeVariant v : order)
-    if (serve_selected(o, v))
-      variants += std::string(variants.empty() ? "" : ", ") + "\"" + serve_variant_name(v) + "\"";
+  for (AppendVariant v : order)
+    if (append_selected(o, v))
+      variants += std::string(variants.empty() ? "" : ", ") + "\"" + append_variant_name(v) + "\"";
   std::string j = "{\n" + device_json(run.device);
   j += "  \"config\": {\"suite\": " + json_string(suite_name(o.suite)) +
        ", \"dtype\": \"bf16\", \"qkv\": \"views of one packed [T, (Hq + 2 H) D]\", \"page_size\": 16, "
        "\"positions\": \"int64, position in the sequence\", \"table\": \"fp32 [max_position, D]\", "
        "\"fp8_scales\": [" +
-       json_number(kServeKeyScale) + ", " + json_number(kServeValueScale) +
-       "], \"query_fp8_scale\": " + json_number(kServeQueryScale) + ", \"iters\": " + std::to_string(o.iters) +
+       json_number(kAppendKeyScale) + ", " + json_number(kAppendValueScale) +
+       "], \"query_fp8_scale\": " + json_number(kAppendQueryScale) + ", \"iters\": " + std::to_string(o.iters) +
        ", \"warmup\": " + std::to_string(o.warmup) + ", \"check\": " + json_bool(o.check) +
        ", \"seed\": " + std::to_string(o.seed) + ", \"primer\": " + json_bool(o.primer) +
        ", \"naive_first\": " + json_bool(o.naive_first) + ", \"flush\": \"" + (o.flush_reads ? "read" : "write") +
@@ -244,17 +244,17 @@ inline void write_serve_json(const Run& run, const ServeSummary& s, const std::s
   j += calibration_json(run.calibration);
   j += "  \"cases\": [";
   bool first_case = true;
-  for (const auto& [id, cr] : run.serve_results) {
+  for (const auto& [id, cr] : run.append_results) {
     if (cr.variants.empty()) continue;
-    const ServeCase& c = cr.sc;
+    const AppendCase& c = cr.sc;
     j += first_case ? "\n" : ",\n";
     first_case = false;
     j += "    {\"case\": " + std::to_string(id) + ", \"shape\": " + json_string(c.shape()) +
          ", \"seqs\": " + std::to_string(c.seqs) + ", \"tokens_per_seq\": " + std::to_string(c.tokens_per_seq) +
          ", \"tokens\": " + std::to_string(c.tokens()) + ", \"s_max\": " + std::to_string(c.s_max) +
          ", \"query_heads\": " + std::to_string(c.query_heads) + ", \"heads\": " + std::to_string(c.heads) +
-         ", \"head_dim\": " + std::to_string(c.head_dim) + ", \"cache\": " + json_string(serve_cache_name(c.cache)) +
-         ", \"query_fp8\": " + json_bool(c.query_fp8) + ", \"layout\": " + json_string(serve_layout_name(c.layout)) +
+         ", \"head_dim\": " + std::to_string(c.head_dim) + ", \"cache\": " + json_string(append_cache_name(c.cache)) +
+         ", \"query_fp8\": " + json_bool(c.query_fp8) + ", \"layout\": " + json_string(append_layout_name(c.layout)) +
          ", \"pages\": " + std::to_string(c.pages()) + ", \"bytes\": " + json_number(cr.bytes) +
          ", \"bytes_key_written\": " + json_number(cr.bytes_kip) + ", \"floor_us\": " + json_number(cr.floor_us) +
          ", \"floor_key_written_us\": " + json_number(cr.floor_kip_us) + ", \"check\": " +
@@ -267,28 +267,28 @@ inline void write_serve_json(const Run& run, const ServeSummary& s, const std::s
       j += first_variant ? "\n" : ",\n";
       first_variant = false;
       const double fl = cr.floor_of(v);
-      j += std::string("       \"") + serve_variant_name(v) + "\": {" + variant_stats_json(r, cr.bytes_of(v), fl);
+      j += std::string("       \"") + append_variant_name(v) + "\": {" + variant_stats_json(r, cr.bytes_of(v), fl);
       if (decode) j += ", \"x_floor_plus_empty\": " + json_number(r.median_us / (fl + empty));
-      const VariantResult* n = find_variant(cr, ServeVariant::kNaive);
-      if (v != ServeVariant::kNaive && n) j += ", \"speedup_vs_naive\": " + json_number(n->median_us / r.median_us);
+      const VariantResult* n = find_variant(cr, AppendVariant::kNaive);
+      if (v != AppendVariant::kNaive && n) j += ", \"speedup_vs_naive\": " + json_number(n->median_us / r.median_us);
       j += variant_times_json(r);
     }
     j += "}}";
   }
   j += "\n  ],\n";
-  j += serve_host_json(run);
+  j += append_host_json(run);
   auto means = [&](bool geo) {
     auto num = [&](const Means& m) { return json_number(geo ? m.geometric() : m.arithmetic()); };
     std::string m = "{\"cases\": " + std::to_string(s.cases);
-    for (ServeVariant v : order) {
-      const std::string name = serve_variant_name(v);
+    for (AppendVariant v : order) {
+      const std::string name = append_variant_name(v);
       if (s.time.count(v)) m += ", \"" + name + "_us\": " + num(s.time.at(v));
       if (s.event.count(v)) m += ", \"" + name + "_event_us\": " + num(s.event.at(v));
     }
     m += ", \"floor_us\": " + num(s.floor) + ", \"floor_key_written_us\": " + num(s.floor_kip);
     if (geo) {
-      for (ServeVariant v : order) {
-        const std::string name = serve_variant_name(v);
+      for (AppendVariant v : order) {
+        const std::string name = append_variant_name(v);
         if (s.x_floor.count(v)) m += ", \"" + name + "_over_floor\": " + num(s.x_floor.at(v));
         if (decode && s.x_floor_empty.count(v))
           m += ", \"" + name + "_over_floor_plus_empty\": " + num(s.x_floor_empty.at(v));

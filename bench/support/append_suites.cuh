@@ -1,6 +1,6 @@
 // The serve suites (--suite=serve-decode|serve-prefill): one Google Benchmark per (case, variant) under the
 // protocol of the other suites (docs/spec.md §5.3), kv_cache_rope_append checked first against the naive two
-// launches (support/serve_case.cuh).
+// launches (support/append_case.cuh).
 #pragma once
 
 #include <algorithm>
@@ -18,30 +18,31 @@
 #include <cuda_runtime.h>
 
 #include <kvrope/kvrope.cuh>
-#include <kvrope/reference/naive_append.cuh>
 
-#include "support/append_launchers.cuh"  // tests/support: the launchers, compiled once
+#include "bench/naive/naive_append.cuh"
+#include "verify/append_launchers.cuh"  // the launchers, compiled once (kvrope_launchers)
 
 #include "calibration.cuh"  // empty_kernel
 #include "cupti_clock.cuh"
 #include "options.cuh"
 #include "results.cuh"
-#include "serve_case.cuh"
-#include "serve_cases.hpp"
+#include "append_case.cuh"
+#include "append_cases.hpp"
 #include "stats.hpp"
-#include "timed_calls.cuh"
+#include "runner.cuh"
 
 namespace kvrope_bench {
 
 // The benchmark of one (case, variant) of a serve suite; `slot` holds the case alive now.
 template <typename T, typename C>
-void run_serve_variant(benchmark::State& state, Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>& slot,
-                       const ServeCase& sc, ServeVariant variant) {
+void run_append_variant(benchmark::State& state, Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>& slot,
+                        const AppendCase& sc, AppendVariant variant) {
   const Options& opt = run.options;
-  ServeCaseData<T, C>& data = acquire_serve_case<T, C>(slot, sc, opt, run.device.fill_blocks(), clock.stream());
+  AppendCaseData<T, C>& data =
+      acquire_case<AppendCaseData<T, C>>(slot, sc, opt, run.device.fill_blocks(), clock.stream());
   const cudaStream_t stream = clock.stream();
-  const bool naive = variant == ServeVariant::kNaive;
-  const bool key_in_place = variant != ServeVariant::kKvrope;  // the naive rotates k in place
+  const bool naive = variant == AppendVariant::kNaive;
+  const bool key_in_place = variant != AppendVariant::kKvrope;  // the naive rotates k in place
   // The q-fp8 cases: kvrope's variants write q in fp8 (query_out_fp8). The naive two launches cannot
   // (naive_append.cuh has no fp8 q): on these cases they run as on the fp8-cache case they copy, q rotated in
   // place in T, so their time is that work's (Hq D bytes a token more than the floor counts).
@@ -57,10 +58,10 @@ void run_serve_variant(benchmark::State& state, Run& run, GpuClock& clock, std::
   auto prepare = [](cudaStream_t) {};
   const char* launcher = naive ? "naive_append" : "kv_cache_rope_append";
 
-  ServeCaseResult& cr = run.serve_results[sc.id];
+  AppendCaseResult& cr = run.append_results[sc.id];
   cr.sc = sc;
-  cr.bytes = serve_bytes(sc, false);
-  cr.bytes_kip = serve_bytes(sc, true);
+  cr.bytes = append_bytes(sc, false);
+  cr.bytes_kip = append_bytes(sc, true);
   cr.floor_us = run.calibration.floor_us(cr.bytes);
   cr.floor_kip_us = run.calibration.floor_us(cr.bytes_kip);
 
@@ -69,14 +70,14 @@ void run_serve_variant(benchmark::State& state, Run& run, GpuClock& clock, std::
   bool checked = false;
   std::string label = naive ? "reference" : "unchecked";
   if (opt.check && !naive) {
-    const ServeCheck c = data.check(launch, status, key_in_place, q_fp8, stream);
+    const AppendCheck c = data.check(launch, status, key_in_place, q_fp8, stream);
     if (!status.ok()) {
       state.SkipWithError(c.failure.c_str());
       return;
     }
     checked = true;
     ++cr.checks;
-    const std::string who = std::string(suite_name(opt.suite)) + "/" + serve_variant_name(variant) + " case " +
+    const std::string who = std::string(suite_name(opt.suite)) + "/" + append_variant_name(variant) + " case " +
                             std::to_string(sc.id) + ": ";
     if (!c.failure.empty()) {
       std::printf("CHECK FAILED %s%s\n", who.c_str(), c.failure.c_str());
@@ -90,35 +91,22 @@ void run_serve_variant(benchmark::State& state, Run& run, GpuClock& clock, std::
 
   VariantResult r;
   r.checked = checked;
-  std::vector<double> activities;
-  if (!time_calls(state, clock, opt.warmup, prepare, launch, status, launcher, r, activities)) return;
-  if (const int flag = data.read_error_flag(stream); flag != 0) {
-    state.SkipWithError(("the call raised error_flag = " + std::to_string(flag)).c_str());
-    return;
-  }
-  finish_timing(state, r, activities);
+  auto after = [&]() -> std::string {
+    const int flag = data.read_error_flag(stream);
+    return flag != 0 ? "the call raised error_flag = " + std::to_string(flag) : std::string();
+  };
+  if (!run_timed(state, clock, opt.warmup, prepare, launch, status, launcher, after, r)) return;
 
   const double bytes = cr.bytes_of(variant), floor = cr.floor_of(variant);
   const double empty = run.calibration.empty_kernel_us;
-  state.counters["median_us"] = r.median_us;
-  state.counters["event_median_us"] = r.event_median_us;
-  state.counters["event_us"] = r.event_median_us;
-  state.counters["event_traced_us"] = r.event_traced_median_us;
-  state.counters["min_us"] = r.min_us;
-  state.counters["p90_us"] = r.p90_us;
-  state.counters["bytes"] = bytes;
-  state.counters["TBps"] = bytes / r.median_us * 1e-6;
-  state.counters["floor_us"] = floor;
-  state.counters["x_floor"] = r.median_us / floor;
-  if (sc.decode) state.counters["x_floor_empty"] = r.median_us / (floor + empty);
-  state.counters["activities"] = r.activities;
+  set_time_counters(state, r, bytes, floor, sc.decode ? empty : -1);
   // The naive reference's speedups on the row of whichever ran last.
-  if (const VariantResult* n = find_variant(cr, ServeVariant::kNaive); n != nullptr && !naive)
+  if (const VariantResult* n = find_variant(cr, AppendVariant::kNaive); n != nullptr && !naive)
     state.counters["speedup_vs_naive"] = n->median_us / r.median_us;
   if (naive) {
-    if (const VariantResult* k = find_variant(cr, ServeVariant::kKvrope))
+    if (const VariantResult* k = find_variant(cr, AppendVariant::kKvrope))
       state.counters["kvrope_speedup"] = r.median_us / k->median_us;
-    if (const VariantResult* k = find_variant(cr, ServeVariant::kKvropeKeyInPlace))
+    if (const VariantResult* k = find_variant(cr, AppendVariant::kKvropeKeyInPlace))
       state.counters["kvrope_kip_speedup"] = r.median_us / k->median_us;
   }
   state.SetLabel(label);
@@ -126,12 +114,12 @@ void run_serve_variant(benchmark::State& state, Run& run, GpuClock& clock, std::
 }
 
 // The cases --cases selects (all by default), in their order, from the suite's table.
-inline std::vector<ServeCase> select_serve_cases(const Options& opt) {
-  const std::vector<ServeCase> table = serve_case_table(opt.suite == Suite::kServeDecode, opt.heads, opt.head_dim);
+inline std::vector<AppendCase> select_append_cases(const Options& opt) {
+  const std::vector<AppendCase> table = append_case_table(opt.suite == Suite::kServeDecode, opt.heads, opt.head_dim);
   if (opt.cases.empty()) return table;
-  std::vector<ServeCase> cases;
+  std::vector<AppendCase> cases;
   for (int id : opt.cases) {
-    const auto it = std::find_if(table.begin(), table.end(), [&](const ServeCase& c) { return c.id == id; });
+    const auto it = std::find_if(table.begin(), table.end(), [&](const AppendCase& c) { return c.id == id; });
     if (it == table.end())
       bad_option("--cases=" + std::to_string(id), ("the suite has cases 1 to " + std::to_string(table.size())).c_str());
     cases.push_back(*it);
@@ -141,22 +129,17 @@ inline std::vector<ServeCase> select_serve_cases(const Options& opt) {
 
 // One benchmark per (case, variant), named suite/variant/case:NN.
 template <typename T>
-void register_serve_benchmarks(Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>& slot) {
-  for (const ServeCase& sc : run.serve_cases) {
-    for (ServeVariant v : serve_variant_order(run.options)) {
-      if (!serve_selected(run.options, v)) continue;
-      char name[64];
-      std::snprintf(name, sizeof(name), "%s/%s/case:%02d", suite_name(run.options.suite), serve_variant_name(v), sc.id);
-      benchmark::RegisterBenchmark(name,
-                                   [&run, &clock, &slot, sc, v](benchmark::State& st) {
-                                     if (sc.cache == ServeCache::kBf16)
-                                       run_serve_variant<T, T>(st, run, clock, slot, sc, v);
-                                     else
-                                       run_serve_variant<T, __nv_fp8_e4m3>(st, run, clock, slot, sc, v);
-                                   })
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond)
-          ->Iterations(run.options.iters);
+void register_append_benchmarks(Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>& slot) {
+  for (const AppendCase& sc : run.append_cases) {
+    for (AppendVariant v : append_variant_order(run.options)) {
+      if (!append_selected(run.options, v)) continue;
+      register_variant(suite_name(run.options.suite), append_variant_name(v), sc.id, run.options.iters,
+                       [&run, &clock, &slot, sc, v](benchmark::State& st) {
+                         if (sc.cache == AppendCache::kBf16)
+                           run_append_variant<T, T>(st, run, clock, slot, sc, v);
+                         else
+                           run_append_variant<T, __nv_fp8_e4m3>(st, run, clock, slot, sc, v);
+                       });
     }
   }
 }
@@ -170,15 +153,15 @@ void register_serve_benchmarks(Run& run, GpuClock& clock, std::unique_ptr<CaseDa
 // T=1, Hq 32, bf16 NHD; prefill: 8x512, Hq 32, bf16 NHD), k read only (the kvrope variant), through the
 // kvrope_launchers forwarder the suites time (AppendLaunchers::append: `return kv_cache_rope_append(p,
 // stream);`, compiled once; one out-of-line call more). CUPTI tracing is off meanwhile (it slows every launch).
-// The two alternate in rounds of kServeHostSyncEvery calls, the stream synchronized between rounds, outside
+// The two alternate in rounds of kAppendHostSyncEvery calls, the stream synchronized between rounds, outside
 // the timed region, so that the launch queue never fills (a full queue would make a launch wait for the GPU)
 // and both see the same conditions.
 // ---------------------------------------------------------------------------------------------------
 
-constexpr int64_t kServeHostSyncEvery = 100;
-constexpr int64_t kServeHostWarmup = 200;  // untimed calls of each first
+constexpr int64_t kAppendHostSyncEvery = 100;
+constexpr int64_t kAppendHostWarmup = 200;  // untimed calls of each first
 
-// `calls` calls of call() in rounds of kServeHostSyncEvery, each timed alone (us) into `us`; the stream
+// `calls` calls of call() in rounds of kAppendHostSyncEvery, each timed alone (us) into `us`; the stream
 // synchronized (untimed) before each round.
 template <typename Call>
 void time_host_round(Call&& call, int64_t calls, cudaStream_t stream, std::vector<double>& us) {
@@ -192,16 +175,16 @@ void time_host_round(Call&& call, int64_t calls, cudaStream_t stream, std::vecto
 }
 
 template <typename T>
-void measure_serve_host(Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>& slot) {
+void measure_append_host(Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>& slot) {
   const Options& opt = run.options;
-  ServeHostTime& h = run.serve_host;
+  AppendHostTime& h = run.append_host;
   if (opt.host_calls <= 0) return;
-  const std::vector<ServeCase> table = serve_case_table(opt.suite == Suite::kServeDecode, opt.heads, opt.head_dim);
+  const std::vector<AppendCase> table = append_case_table(opt.suite == Suite::kServeDecode, opt.heads, opt.head_dim);
   h.sc = table.front();  // case 1: bf16 caches, NHD, Hq 32, the suite's first shape
   h.calls = opt.host_calls;
-  h.sync_every = kServeHostSyncEvery;
+  h.sync_every = kAppendHostSyncEvery;
   const cudaStream_t stream = clock.stream();
-  ServeCaseData<T, T>& data = acquire_serve_case<T, T>(slot, h.sc, opt, run.device.fill_blocks(), stream);
+  AppendCaseData<T, T>& data = acquire_case<AppendCaseData<T, T>>(slot, h.sc, opt, run.device.fill_blocks(), stream);
   const auto params = data.params(false);
 
   bool failed = false;
@@ -214,12 +197,12 @@ void measure_serve_host(Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>
 
   cupti::set_tracing(false);
   std::vector<double> call_us, empty_us, ignored;
-  for (int64_t done = 0; done < kServeHostWarmup; done += kServeHostSyncEvery) {
-    time_host_round(call, kServeHostSyncEvery, stream, ignored);
-    time_host_round(empty, kServeHostSyncEvery, stream, ignored);
+  for (int64_t done = 0; done < kAppendHostWarmup; done += kAppendHostSyncEvery) {
+    time_host_round(call, kAppendHostSyncEvery, stream, ignored);
+    time_host_round(empty, kAppendHostSyncEvery, stream, ignored);
   }
-  for (int64_t done = 0; done < h.calls && !failed; done += kServeHostSyncEvery) {
-    const int64_t n = std::min(kServeHostSyncEvery, h.calls - done);
+  for (int64_t done = 0; done < h.calls && !failed; done += kAppendHostSyncEvery) {
+    const int64_t n = std::min(kAppendHostSyncEvery, h.calls - done);
     time_host_round(call, n, stream, call_us);
     time_host_round(empty, n, stream, empty_us);
   }

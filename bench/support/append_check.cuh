@@ -24,7 +24,7 @@ struct CompareCounts {
   unsigned int max_dist = 0, unused = 0;
 };
 
-enum ServeRegion : int {
+enum AppendRegion : int {
   kRegionQ,
   kRegionK,
   kRegionV,
@@ -32,10 +32,10 @@ enum ServeRegion : int {
   kRegionValueRows,
   kRegionKeyOther,
   kRegionValueOther,
-  kServeRegions
+  kAppendRegions
 };
 
-inline const char* serve_region_name(int r) {
+inline const char* append_region_name(int r) {
   constexpr const char* names[] = {
       "q", "k", "v", "key cache rows", "value cache rows", "key cache elsewhere", "value cache elsewhere"};
   return names[r];
@@ -78,14 +78,14 @@ __device__ inline uint32_t ulp_distance(E a, E b) {
 
 //! Values this close are one rounding apart whatever their ulps: fp32 evaluation orders of x c - y s
 //! differ by a few fp32 ulps of |x| + |y| (normal inputs), which near zero is many ulps of the result.
-inline constexpr float kServeAbsTolerance = 1.0f / (1 << 18);
+inline constexpr float kAppendAbsTolerance = 1.0f / (1 << 18);
 
 // The distance a region with tolerance `tol` counts: ulp_distance, but where a tolerance is given at
-// most 1 when the values differ by kServeAbsTolerance or less.
+// most 1 when the values differ by kAppendAbsTolerance or less.
 template <typename E>
 __device__ inline uint32_t rounding_distance(E a, E b, uint32_t tol) {
   const uint32_t d = ulp_distance(a, b);
-  return tol > 0 && d > 1 && fabsf(value_of(a) - value_of(b)) <= kServeAbsTolerance ? 1u : d;
+  return tol > 0 && d > 1 && fabsf(value_of(a) - value_of(b)) <= kAppendAbsTolerance ? 1u : d;
 }
 
 // One thread's share of a region, added to the device counts once at its end.

@@ -10,17 +10,17 @@
 
 namespace kvrope_bench {
 
-enum class ServeCache { kBf16, kFp8E4m3 };
-enum class ServeLayout { kNhd, kHnd };
+enum class AppendCache { kBf16, kFp8E4m3 };
+enum class AppendLayout { kNhd, kHnd };
 
-inline const char* serve_cache_name(ServeCache c) { return c == ServeCache::kBf16 ? "bf16" : "fp8_e4m3"; }
-inline const char* serve_layout_name(ServeLayout l) { return l == ServeLayout::kNhd ? "NHD" : "HND"; }
+inline const char* append_cache_name(AppendCache c) { return c == AppendCache::kBf16 ? "bf16" : "fp8_e4m3"; }
+inline const char* append_layout_name(AppendLayout l) { return l == AppendLayout::kNhd ? "NHD" : "HND"; }
 // The cache column of the tables and labels: the cache's type, with "+q8" where q is written in fp8 too.
-inline const char* serve_cache_label(ServeCache c, bool query_fp8) {
-  return query_fp8 ? "fp8_e4m3+q8" : serve_cache_name(c);
+inline const char* append_cache_label(AppendCache c, bool query_fp8) {
+  return query_fp8 ? "fp8_e4m3+q8" : append_cache_name(c);
 }
 
-struct ServeCase {
+struct AppendCase {
   int id = 0;
   bool decode = true;
   int64_t seqs = 0;            // sequences of the ragged batch
@@ -31,56 +31,56 @@ struct ServeCase {
   int64_t head_dim = 0;        // D = R (rotate-half over the whole head)
   int64_t page_size = 16;
   int64_t max_position = 0;  // rows of the fp32 table cache
-  ServeCache cache = ServeCache::kBf16;
-  ServeLayout layout = ServeLayout::kNhd;
+  AppendCache cache = AppendCache::kBf16;
+  AppendLayout layout = AppendLayout::kNhd;
   // The q-fp8 cases (fp8 caches only): kvrope writes RoPE(q) to AppendParams::query_out_fp8 [T, Hq, D] as
-  // fp8_satfinite(x / kServeQueryScale), what fp8 attention reads, q left as it was; else q is rotated in place.
+  // fp8_satfinite(x / kAppendQueryScale), what fp8 attention reads, q left as it was; else q is rotated in place.
   bool query_fp8 = false;
 
   int64_t tokens() const { return seqs * tokens_per_seq; }
   int64_t pages_per_seq() const { return s_max / page_size; }
   int64_t pages() const { return seqs * pages_per_seq(); }
-  int64_t cache_elem_bytes() const { return cache == ServeCache::kBf16 ? 2 : 1; }
+  int64_t cache_elem_bytes() const { return cache == AppendCache::kBf16 ? 2 : 1; }
   int64_t query_out_elem_bytes() const { return query_fp8 ? 1 : 2; }  // the rotated q as written
-  const char* cache_label() const { return serve_cache_label(cache, query_fp8); }
+  const char* cache_label() const { return append_cache_label(cache, query_fp8); }
   // "8x512", "T=256": the shape, for tables.
   std::string shape() const {
     return decode ? "T=" + std::to_string(seqs) : std::to_string(seqs) + "x" + std::to_string(tokens_per_seq);
   }
 };
 
-constexpr int64_t kServeSmax = 4096;  // a sequence's slots (prefill: at least its tokens)
-constexpr int64_t kServeDecodeBatches[] = {1, 8, 32, 128, 256, 1024};
-constexpr std::pair<int64_t, int64_t> kServePrefillShapes[] = {{8, 512}, {1, 2048}, {4, 1024}, {1, 8192}};
-constexpr int64_t kServeQueryHeads[] = {32, 64};
+constexpr int64_t kAppendSmax = 4096;  // a sequence's slots (prefill: at least its tokens)
+constexpr int64_t kAppendDecodeBatches[] = {1, 8, 32, 128, 256, 1024};
+constexpr std::pair<int64_t, int64_t> kAppendPrefillShapes[] = {{8, 512}, {1, 2048}, {4, 1024}, {1, 8192}};
+constexpr int64_t kAppendQueryHeads[] = {32, 64};
 // The fp8 caches' per-tensor scales (stored = fp8_satfinite(x / scale)): k and v differ, so that a swap shows.
-constexpr float kServeKeyScale = 0.0125f, kServeValueScale = 0.015f;
+constexpr float kAppendKeyScale = 0.0125f, kAppendValueScale = 0.015f;
 // The q-fp8 cases' per-tensor query scale (query_out_fp8 = fp8_satfinite(RoPE(q) / scale)): unlike k's and v's,
 // so that a swap shows; N(0, 1) rows / 0.02 stay well inside e4m3's 448.
-constexpr float kServeQueryScale = 0.02f;
+constexpr float kAppendQueryScale = 0.02f;
 
 //! Every case of a serve suite, numbered from 1: shapes in the order above, then Hq (32, 64), the cache (bf16,
 //! fp8 e4m3), the layout (NHD, HND). H = 8 and D = 128 unless heads / head_dim (> 0) override them. Then, after
 //! all of them (so that the ids above never change), every fp8-cache case again in the same order with q written
 //! in fp8 (query_fp8): decode 49-72, prefill 33-48.
-inline std::vector<ServeCase> serve_case_table(bool decode, int64_t heads = 0, int64_t head_dim = 0) {
+inline std::vector<AppendCase> append_case_table(bool decode, int64_t heads = 0, int64_t head_dim = 0) {
   std::vector<std::pair<int64_t, int64_t>> shapes;
   if (decode) {
-    for (int64_t b : kServeDecodeBatches) shapes.emplace_back(b, 1);
+    for (int64_t b : kAppendDecodeBatches) shapes.emplace_back(b, 1);
   } else {
-    for (const auto& s : kServePrefillShapes) shapes.push_back(s);
+    for (const auto& s : kAppendPrefillShapes) shapes.push_back(s);
   }
-  std::vector<ServeCase> cases;
+  std::vector<AppendCase> cases;
   for (const auto& [seqs, len] : shapes) {
-    for (int64_t hq : kServeQueryHeads) {
-      for (ServeCache cache : {ServeCache::kBf16, ServeCache::kFp8E4m3}) {
-        for (ServeLayout layout : {ServeLayout::kNhd, ServeLayout::kHnd}) {
-          ServeCase c;
+    for (int64_t hq : kAppendQueryHeads) {
+      for (AppendCache cache : {AppendCache::kBf16, AppendCache::kFp8E4m3}) {
+        for (AppendLayout layout : {AppendLayout::kNhd, AppendLayout::kHnd}) {
+          AppendCase c;
           c.id = static_cast<int>(cases.size()) + 1;
           c.decode = decode;
           c.seqs = seqs;
           c.tokens_per_seq = len;
-          c.s_max = len > kServeSmax ? (len + c.page_size - 1) / c.page_size * c.page_size : kServeSmax;
+          c.s_max = len > kAppendSmax ? (len + c.page_size - 1) / c.page_size * c.page_size : kAppendSmax;
           c.query_heads = hq;
           c.heads = heads > 0 ? heads : 8;
           c.head_dim = head_dim > 0 ? head_dim : 128;
@@ -95,8 +95,8 @@ inline std::vector<ServeCase> serve_case_table(bool decode, int64_t heads = 0, i
   // The q-fp8 cases: the fp8-cache cases again, q written in fp8 (FlashInfer's fused fp8 kernel's work).
   const size_t first_pass = cases.size();
   for (size_t i = 0; i < first_pass; ++i) {
-    if (cases[i].cache != ServeCache::kFp8E4m3) continue;
-    ServeCase c = cases[i];
+    if (cases[i].cache != AppendCache::kFp8E4m3) continue;
+    AppendCase c = cases[i];
     c.id = static_cast<int>(cases.size()) + 1;
     c.query_fp8 = true;
     cases.push_back(c);
@@ -108,7 +108,7 @@ inline std::vector<ServeCase> serve_case_table(bool decode, int64_t heads = 0, i
 //! bytes, or 1 for the q-fp8 cases), k and v read (2 H D), the cache rows written (2 H D in the cache's element),
 //! one fp32 row of the table cache (4 D), the position and the slot (8 + 8) a token; key_written (k rotated in
 //! place) adds H D.
-inline double serve_bytes(const ServeCase& c, bool key_written) {
+inline double append_bytes(const AppendCase& c, bool key_written) {
   const double hq = static_cast<double>(c.query_heads), h = static_cast<double>(c.heads);
   const double d = static_cast<double>(c.head_dim), ce = static_cast<double>(c.cache_elem_bytes());
   const double qe = static_cast<double>(c.query_out_elem_bytes());
@@ -132,16 +132,16 @@ struct SplitMix {
 //! A case's page table and tokens: the pages 0..pages()-1 shuffled (Fisher-Yates, a seed per shape) and
 //! dealt out in order, pages_per_seq() a sequence, so that slots do not grow with the token as a real
 //! allocator's do not; decode writes each sequence at a random length below s_max, prefill at 0..L-1.
-struct ServeTokens {
+struct AppendTokens {
   std::vector<int64_t> page_table;  // [seqs, pages_per_seq]
   std::vector<int64_t> positions;   // [tokens]: the position in its sequence, also the table row
   std::vector<int64_t> slots;       // [tokens]: page_table[b][pos / P] * P + pos % P
 };
 
-inline ServeTokens serve_tokens(const ServeCase& c, uint64_t seed) {
+inline AppendTokens append_tokens(const AppendCase& c, uint64_t seed) {
   SplitMix rng{seed + 1000003ull * static_cast<uint64_t>(c.seqs) + static_cast<uint64_t>(c.tokens_per_seq)};
   const int64_t pages = c.pages(), pps = c.pages_per_seq(), P = c.page_size;
-  ServeTokens out;
+  AppendTokens out;
   out.page_table.resize(static_cast<size_t>(pages));
   for (int64_t i = 0; i < pages; ++i) out.page_table[static_cast<size_t>(i)] = i;
   for (int64_t i = pages - 1; i > 0; --i) {

@@ -1,7 +1,7 @@
 // The definitions behind launchers.cuh, included by launchers_<dtype>.cu only.
 #pragma once
 
-#include "support/launchers.cuh"
+#include "verify/launchers.cuh"
 
 namespace kvrope::testing {
 

@@ -1,5 +1,7 @@
-// The reference's tolerance (docs/spec.md §1.7) and the frame every op's checker shares: ulp, the bound
-// of a computed output, the position wrap, and a parallel tally of mismatches.
+// The tolerance of docs/spec.md §1.7 and the frame every op's checker shares (verify/check_forward.hpp,
+// check_backward.hpp, check_append.hpp): ulp, the bound of a computed output, the outcome of a check and a
+// parallel tally of mismatches. Part of verify/ (kvrope_verify, not installed): what the tests and the
+// benchmark check the kernels' outputs with, against the float64 references of <kvrope/reference/>.
 #pragma once
 
 #include <algorithm>
@@ -13,10 +15,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "../core/dtype.cuh"
-#include "../core/rotary.cuh"
+#include <kvrope/core/dtype.cuh>
 
-namespace kvrope::reference {
+namespace kvrope::verify {
 
 //! Spacing of T's representable numbers at |x| (the smallest subnormal step at 0).
 template <typename T>
@@ -36,50 +37,8 @@ bool within_tolerance(T out, double gold, double abs_sum) {
   return std::isfinite(o) && std::fabs(o - gold) <= ulp<T>(gold) + std::ldexp(abs_sum, -21);
 }
 
-//! A value of the reference and the sum of the absolute values of its products.
-struct Gold {
-  double value = 0.0;
-  double abs_sum = 0.0;
-};
-
-namespace detail {
-//! A cache_position wrapped as in PyTorch indexing (docs/spec.md §1.6): the row, or -1 outside [-S_max, S_max).
-inline int64_t wrap_row(int64_t position, int64_t cache_len) {
-  if (position < 0) position += cache_len;
-  return (position >= 0 && position < cache_len) ? position : -1;
-}
-}  // namespace detail
-
-//! The rotary dim R of a call (forward or backward parameters): rotary_dim, or D when it is 0.
-template <typename Params>
-int64_t rotary_dim_of(const Params& p) {
-  return effective_rotary_dim(p.rotary_dim, p.head_dim);
-}
-
-//! The row of the cache token t was (or is) written to, or -1 when its position is out of range (the
-//! wrap of docs/spec.md §1.6); either op's parameters.
-template <typename Params>
-int64_t cache_row(const Params& p, int64_t t) {
-  return detail::wrap_row(static_cast<int64_t>(p.cache_position[t]), p.cache_len);
-}
-
-//! True when every position is in [-S_max, S_max) (else the kernel must raise the error flag).
-template <typename Params>
-bool positions_in_range(const Params& p) {
-  for (int64_t t = 0; t < p.seq_len; ++t)
-    if (cache_row(p, t) < 0) return false;
-  return true;
-}
-
-namespace detail {
-template <typename T>
-double at(const T* row, int64_t d) {
-  return to_float(row[d]);
-}
-}  // namespace detail
-
-//! The outcome of a check (check_backward, check_forward): how many elements were compared, how many failed, and the
-//! first failure described (output, index, value, expected).
+//! The outcome of a check (check_forward, check_backward, check_append): how many elements were compared, how many
+//! failed, and the first failure described (output, index, value, expected).
 struct CheckResult {
   int64_t checked = 0;
   int64_t mismatches = 0;
@@ -153,4 +112,4 @@ CheckResult check_batches(int64_t batches, F&& check) {
 
 }  // namespace detail
 
-}  // namespace kvrope::reference
+}  // namespace kvrope::verify

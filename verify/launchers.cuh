@@ -1,9 +1,8 @@
 // The launchers the GPU tests and the benchmark call, each compiled once (the kvrope_launchers library,
-// tests/support/launchers_<dtype>.cu) rather than in every file that calls it: this header only
-// declares them.
+// verify/launchers_<dtype>.cu) rather than in every file that calls it: this header only declares them.
 #pragma once
 
-#include "support/launch_policy.cuh"
+#include "verify/launch_policy.cuh"
 #include <kvrope/kvrope.cuh>
 
 namespace kvrope::testing {

@@ -1,8 +1,8 @@
 // One case of a serve suite: its tensors (shared by its variants; one case is alive at a time), the
 // AppendParams of a variant, and the check of kv_cache_rope_append against the naive two launches
-// (kvrope::reference::naive_append), done on the device (support/serve_check.cuh); the q-fp8 cases' fp8 q,
+// (kvrope::reference::naive_append), done on the device (support/append_check.cuh); the q-fp8 cases' fp8 q,
 // which the naive launches cannot write, against the float64 reference on the host
-// (kvrope::reference::check_append).
+// (kvrope::verify::check_append).
 #pragma once
 
 #include <cmath>
@@ -17,41 +17,42 @@
 
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_append.hpp>
-#include <kvrope/reference/naive_append.cuh>
 
-#include "case_data.cuh"
+#include "bench/naive/naive_append.cuh"
+#include "verify/check_append.hpp"
+
 #include "check.cuh"
 #include "device.cuh"
 #include "fill.cuh"
 #include "options.cuh"
-#include "serve_cases.hpp"
-#include "serve_check.cuh"
-#include "timed_calls.cuh"
+#include "append_cases.hpp"
+#include "append_check.cuh"
+#include "runner.cuh"
 
 namespace kvrope_bench {
 
 // The byte the caches are filled with before a checked call: rows no token names must keep it.
-constexpr unsigned char kServeCachePattern = 0x5A;
+constexpr unsigned char kAppendCachePattern = 0x5A;
 
 // The outcome of a check: `failure` empty when every region is within its tolerance; `note` says how many
 // elements were not bit-exact where a tolerance allowed it.
-struct ServeCheck {
+struct AppendCheck {
   std::string failure, note;
 };
 
 template <typename T, typename C>
-struct ServeCaseData : CaseDataBase {
+struct AppendCaseData : CaseDataBase {
   using Pos = int64_t;
-  ServeCase sc;
+  AppendCase sc;
   int64_t tokens = 0, width = 0, slots = 0;  // width: elements of a token's row of qkv, (Hq + 2 H) D
   size_t cache_elems = 0;
   int fill_blocks = 0;
-  ServeTokens host;
+  AppendTokens host;
   std::vector<float> host_table;  // the table cache as uploaded (the q-fp8 check's reference reads it)
 
   // qkv [T, (Hq + 2 H) D]: q, k and v as views of one projection, as engines pass them. qkv is what the calls
   // rotate (again and again while timed: values stay bounded); pristine is the input, restored for a check.
-  // scales: k's, v's and q's (kServeKeyScale, kServeValueScale, kServeQueryScale). query_fp8 [T, Hq, D]: the
+  // scales: k's, v's and q's (kAppendKeyScale, kAppendValueScale, kAppendQueryScale). query_fp8 [T, Hq, D]: the
   // q-fp8 cases' query_out_fp8 (empty otherwise).
   DeviceBuffer qkv, pristine, positions, slot_mapping, table, key_cache, value_cache, scales, error_flag, query_fp8;
   // The naive reference's outputs (qkv after it, its cache rows gathered [T, H, D]), the writer of each slot,
@@ -60,14 +61,14 @@ struct ServeCaseData : CaseDataBase {
   bool reference_ready = false;
   std::string reference_error;
 
-  ServeCaseData(const ServeCase& c, const Options& opt, int blocks, cudaStream_t stream) : sc(c) {
+  AppendCaseData(const AppendCase& c, const Options& opt, int blocks, cudaStream_t stream) : sc(c) {
     case_id = c.id;
     fill_blocks = blocks;
     tokens = c.tokens();
     width = (c.query_heads + 2 * c.heads) * c.head_dim;
     slots = c.pages() * c.page_size;
     cache_elems = static_cast<size_t>(slots * c.heads * c.head_dim);
-    host = serve_tokens(c, opt.seed);
+    host = append_tokens(c, opt.seed);
 
     const size_t qkv_bytes = static_cast<size_t>(tokens * width) * sizeof(T);
     qkv = DeviceBuffer(qkv_bytes);
@@ -90,10 +91,10 @@ struct ServeCaseData : CaseDataBase {
     upload(slot_mapping, host.slots.data(), stream);
     host_table = rope_table(c.max_position, c.head_dim);
     upload(table, host_table.data(), stream);
-    const float s[3] = {kServeKeyScale, kServeValueScale, kServeQueryScale};
+    const float s[3] = {kAppendKeyScale, kAppendValueScale, kAppendQueryScale};
     upload(scales, s, stream);
     if (c.query_fp8)
-      KVROPE_BENCH_CUDA(cudaMemsetAsync(query_fp8.as<void>(), kServeCachePattern, query_fp8.bytes(), stream));
+      KVROPE_BENCH_CUDA(cudaMemsetAsync(query_fp8.as<void>(), kAppendCachePattern, query_fp8.bytes(), stream));
     KVROPE_BENCH_CUDA(cudaMemsetAsync(error_flag.as<int>(), 0, sizeof(int), stream));
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
   }
@@ -122,8 +123,8 @@ struct ServeCaseData : CaseDataBase {
 
   kvrope::PagedCache<C> cache_of(const DeviceBuffer& buf) const {
     C* data = buf.as<C>();
-    return sc.layout == ServeLayout::kNhd ? kvrope::nhd_pages(data, sc.page_size, sc.heads, sc.head_dim)
-                                          : kvrope::hnd_pages(data, sc.page_size, sc.heads, sc.head_dim);
+    return sc.layout == AppendLayout::kNhd ? kvrope::nhd_pages(data, sc.page_size, sc.heads, sc.head_dim)
+                                           : kvrope::hnd_pages(data, sc.page_size, sc.heads, sc.head_dim);
   }
 
   // A variant's call: q rotated in place (with q_fp8, a q-fp8 case's kvrope variants: into query_out_fp8 in fp8
@@ -165,8 +166,8 @@ struct ServeCaseData : CaseDataBase {
   }
 
   void fill_caches(cudaStream_t stream) const {
-    KVROPE_BENCH_CUDA(cudaMemsetAsync(key_cache.as<void>(), kServeCachePattern, key_cache.bytes(), stream));
-    KVROPE_BENCH_CUDA(cudaMemsetAsync(value_cache.as<void>(), kServeCachePattern, value_cache.bytes(), stream));
+    KVROPE_BENCH_CUDA(cudaMemsetAsync(key_cache.as<void>(), kAppendCachePattern, key_cache.bytes(), stream));
+    KVROPE_BENCH_CUDA(cudaMemsetAsync(value_cache.as<void>(), kAppendCachePattern, value_cache.bytes(), stream));
   }
 
   // qkv back to the input, the caches to the pattern, the error flag to 0.
@@ -212,7 +213,7 @@ struct ServeCaseData : CaseDataBase {
       w[static_cast<size_t>(host.slots[static_cast<size_t>(t)])] = static_cast<int>(t);
     writer = DeviceBuffer(w.size() * sizeof(int));
     upload(writer, w.data(), stream);
-    counts = DeviceBuffer(kServeRegions * sizeof(CompareCounts));
+    counts = DeviceBuffer(kAppendRegions * sizeof(CompareCounts));
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
     return reference_error;
   }
@@ -228,15 +229,15 @@ struct ServeCaseData : CaseDataBase {
   // every other cache element untouched. With q_fp8 (the launch writes query_out_fp8): q bit-exact unchanged,
   // and the fp8 q checked on the host (check_query_fp8). The inputs are restored afterwards.
   template <typename Launch>
-  ServeCheck check(Launch&& launch, const kvrope::Status& status, bool key_in_place, bool q_fp8, cudaStream_t stream) {
-    ServeCheck out;
+  AppendCheck check(Launch&& launch, const kvrope::Status& status, bool key_in_place, bool q_fp8, cudaStream_t stream) {
+    AppendCheck out;
     if (const std::string& e = reference(stream); !e.empty()) {
       out.failure = "no reference: " + e;
       return out;
     }
     reset(stream);
     if (q_fp8)  // the pattern: whatever the call leaves unwritten shows
-      KVROPE_BENCH_CUDA(cudaMemsetAsync(query_fp8.as<void>(), kServeCachePattern, query_fp8.bytes(), stream));
+      KVROPE_BENCH_CUDA(cudaMemsetAsync(query_fp8.as<void>(), kAppendCachePattern, query_fp8.bytes(), stream));
     launch(stream);
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
     if (!status.ok()) {
@@ -244,7 +245,7 @@ struct ServeCaseData : CaseDataBase {
       return out;
     }
     const int flag = read_error_flag(stream);
-    const CompareCounts zero[kServeRegions] = {};
+    const CompareCounts zero[kAppendRegions] = {};
     upload(counts, zero, stream);
     const int64_t Hq = sc.query_heads, H = sc.heads, D = sc.head_dim;
     CompareCounts* c = counts.as<CompareCounts>();
@@ -253,7 +254,7 @@ struct ServeCaseData : CaseDataBase {
                                                     (key_in_place ? ref_qkv : pristine).as<const T>(),
                                                     pristine.as<const T>(), tokens * width, width, Hq * D, (Hq + H) * D,
                                                     q_fp8 ? 0 : 2, key_in_place ? 2 : 0, c);
-    const uint32_t pattern = sizeof(C) == 1 ? kServeCachePattern : (kServeCachePattern * 0x0101u);
+    const uint32_t pattern = sizeof(C) == 1 ? kAppendCachePattern : (kAppendCachePattern * 0x0101u);
     compare_cache<C><<<fill_blocks, 256, 0, stream>>>(const_cache(key_cache), sc.page_size, H, D, slots,
                                                       writer.as<const int>(), ref_key_rows.as<const C>(), pattern, 1,
                                                       c + kRegionKeyRows, c + kRegionKeyOther);
@@ -261,7 +262,7 @@ struct ServeCaseData : CaseDataBase {
                                                       writer.as<const int>(), ref_value_rows.as<const C>(), pattern, 0,
                                                       c + kRegionValueRows, c + kRegionValueOther);
     KVROPE_BENCH_CUDA(cudaGetLastError());
-    CompareCounts got[kServeRegions];
+    CompareCounts got[kAppendRegions];
     KVROPE_BENCH_CUDA(cudaMemcpyAsync(got, c, sizeof(got), cudaMemcpyDeviceToHost, stream));
     // The fp8 q as the call left it (reset leaves query_fp8 alone).
     std::vector<__nv_fp8_e4m3> q8;
@@ -275,14 +276,14 @@ struct ServeCaseData : CaseDataBase {
 
     if (flag != 0) out.failure = "error_flag = " + std::to_string(flag) + "; ";
     if (q_fp8) out.failure += check_query_fp8(q8, stream);
-    for (int r = 0; r < kServeRegions; ++r) {
+    for (int r = 0; r < kAppendRegions; ++r) {
       const CompareCounts& g = got[r];
       if (g.bad > 0) {
-        out.failure += std::string(serve_region_name(r)) + ": " + std::to_string(g.bad) + " of " +
+        out.failure += std::string(append_region_name(r)) + ": " + std::to_string(g.bad) + " of " +
                        std::to_string(g.elements) + " beyond tolerance (max " + distance_text(g.max_dist) + ", first " +
                        place_text(r, g.first_bad) + "); ";
       } else if (g.not_exact > 0) {
-        out.note += std::string(serve_region_name(r)) + ": " + std::to_string(g.not_exact) + " of " +
+        out.note += std::string(append_region_name(r)) + ": " + std::to_string(g.not_exact) + " of " +
                     std::to_string(g.elements) + " not bit-exact (max " + distance_text(g.max_dist) + "); ";
       }
     }
@@ -290,7 +291,7 @@ struct ServeCaseData : CaseDataBase {
   }
 
   // The q-fp8 cases' fp8 q `got` (a host copy of query_fp8 after the call) against the float64 reference,
-  // kvrope::reference::check_append: each element the code quantize() gives for some q in T within the
+  // kvrope::verify::check_append: each element the code quantize() gives for some q in T within the
   // tolerance of RoPE(q) (docs/spec.md §1.7), divided by the query scale. Only q's rows are checked there (the
   // device check covers the rest): an AppendParams without KV heads or pages, over host copies of the input
   // q, the positions, the table cache, the scale, and of query_fp8 before the call (the pattern). Empty, or
@@ -301,8 +302,8 @@ struct ServeCaseData : CaseDataBase {
     KVROPE_BENCH_CUDA(cudaMemcpyAsync(q.data(), pristine.as<void>(), pristine.bytes(), cudaMemcpyDeviceToHost, stream));
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
     std::vector<__nv_fp8_e4m3> before(got.size());
-    std::memset(static_cast<void*>(before.data()), kServeCachePattern, before.size());
-    const float query_scale = kServeQueryScale;
+    std::memset(static_cast<void*>(before.data()), kAppendCachePattern, before.size());
+    const float query_scale = kAppendQueryScale;
     kvrope::AppendParams<T, C, Pos> in;
     in.tokens = tokens;
     in.heads = 0;
@@ -318,9 +319,9 @@ struct ServeCaseData : CaseDataBase {
     in.max_position = sc.max_position;
     in.page_size = sc.page_size;
     in.num_pages = 0;
-    kvrope::reference::AppendOutputs<T, C> out;
+    kvrope::verify::AppendOutputs<T, C> out;
     out.query_out_fp8 = {got.data(), Hq * D, D};
-    const kvrope::reference::CheckResult r = kvrope::reference::check_append(in, out);
+    const kvrope::verify::CheckResult r = kvrope::verify::check_append(in, out);
     if (r.checked != tokens * Hq * D)  // the reference skipped rows: the check would prove nothing
       return "query_out_fp8: the reference compared " + std::to_string(r.checked) + " of " +
              std::to_string(tokens * Hq * D) + " elements; ";
@@ -341,18 +342,5 @@ struct ServeCaseData : CaseDataBase {
            std::to_string(at % D);
   }
 };
-
-// The case's data in `slot`, allocated anew (the previous case freed first) when the case changes.
-template <typename T, typename C>
-ServeCaseData<T, C>& acquire_serve_case(std::unique_ptr<CaseDataBase>& slot, const ServeCase& sc, const Options& opt,
-                                        int fill_blocks, cudaStream_t stream) {
-  auto* current = dynamic_cast<ServeCaseData<T, C>*>(slot.get());
-  if (current == nullptr || current->case_id != sc.id) {
-    slot.reset();
-    slot = std::make_unique<ServeCaseData<T, C>>(sc, opt, fill_blocks, stream);
-    current = static_cast<ServeCaseData<T, C>*>(slot.get());
-  }
-  return *current;
-}
 
 }  // namespace kvrope_bench

@@ -2,7 +2,7 @@
 // instances one dtype compiles.
 #pragma once
 
-#include "support/append_launchers.cuh"
+#include "verify/append_launchers.cuh"
 
 namespace kvrope::testing {
 

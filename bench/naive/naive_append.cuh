@@ -3,7 +3,8 @@
 // from the table cache by positions, one thread a pair, after the optional per-head RMSNorm. Launch 2 is
 // vLLM's reshape_and_cache_flash: the rotated k and v copied into the cache rows of slot_mapping, one
 // thread an element, quantized to fp8 (x / scale, satfinite) when the cache is fp8. It is what the
-// benchmark compares kv_cache_rope_append with.
+// benchmark compares kv_cache_rope_append with (bench/naive/: not installed; the GPU tests check it
+// against the float64 reference too, so that the baseline the benchmark times is right).
 #pragma once
 
 #include <cuda_fp8.h>
@@ -12,12 +13,12 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../append.cuh"
-#include "../append_params.cuh"
-#include "../core/dtype.cuh"
-#include "../core/rotary.cuh"
-#include "../core/status.cuh"
-#include "../error_flag.cuh"
+#include <kvrope/append.cuh>
+#include <kvrope/append_params.cuh>
+#include <kvrope/core/dtype.cuh>
+#include <kvrope/core/rotary.cuh>
+#include <kvrope/core/status.cuh>
+#include <kvrope/error_flag.cuh>
 
 namespace kvrope::reference {
 
