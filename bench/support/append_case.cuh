@@ -18,7 +18,7 @@
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_append.hpp>
 
-#include "bench/naive/naive_append.cuh"
+#include "verify/naive/naive_append.cuh"
 #include "verify/check_append.hpp"
 
 #include "check.cuh"

@@ -19,7 +19,7 @@
 
 #include <kvrope/kvrope.cuh>
 
-#include "bench/naive/naive_append.cuh"
+#include "verify/naive/naive_append.cuh"
 #include "verify/append_launchers.cuh"  // the launchers, compiled once (kvrope_launchers)
 
 #include "calibration.cuh"  // empty_kernel

@@ -16,7 +16,7 @@
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_backward.hpp>
 
-#include "bench/naive/naive_backward.cuh"
+#include "verify/naive/naive_backward.cuh"
 #include "verify/check_backward.hpp"
 
 #include "cases.hpp"

@@ -16,7 +16,7 @@
 
 #include <kvrope/kvrope.cuh>
 
-#include "bench/naive/naive_backward.cuh"
+#include "verify/naive/naive_backward.cuh"
 #include "verify/launch_policy.cuh"
 #include "verify/launchers.cuh"  // the launchers, compiled once (kvrope_launchers)
 

@@ -16,7 +16,7 @@
 #include <kvrope/kvrope.cuh>
 #include <kvrope/reference/cpu_forward.hpp>
 
-#include "bench/naive/naive_forward.cuh"
+#include "verify/naive/naive_forward.cuh"
 #include "verify/check_forward.hpp"
 
 #include "cases.hpp"

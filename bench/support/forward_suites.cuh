@@ -14,7 +14,7 @@
 
 #include <kvrope/kvrope.cuh>
 
-#include "bench/naive/naive_forward.cuh"
+#include "verify/naive/naive_forward.cuh"
 
 #include "cases.hpp"
 #include "check.cuh"

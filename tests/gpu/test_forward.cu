@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 
-#include "bench/naive/naive_forward.cuh"
+#include "verify/naive/naive_forward.cuh"
 #include "support/gpu_problem.cuh"
 #include "verify/check_forward.hpp"
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/naive/naive_forward.cuh"
+#include "verify/naive/naive_forward.cuh"
 #include "support/catch.hpp"
 #include "verify/check_forward.hpp"
 

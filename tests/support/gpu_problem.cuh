@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/naive/naive_backward.cuh"
+#include "verify/naive/naive_backward.cuh"
 #include "support/catch.hpp"
 #include "verify/check_backward.hpp"
 #include "verify/launch_policy.cuh"

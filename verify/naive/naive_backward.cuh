@@ -1,7 +1,7 @@
 // The naive GPU backward: the op computed step by step the way the published PyTorch reference
 // does it (gather, elementwise products, concatenation, head sums, clone, zeroing of rows), one
 // simple kernel per step with temporaries. It is what the benchmark compares the fused kernel with
-// (bench/naive/: not installed; the GPU tests check it against the float64 reference too).
+// (verify/naive/: not installed; the GPU tests check it against the float64 reference too).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -3,7 +3,7 @@
 // from the table cache by positions, one thread a pair, after the optional per-head RMSNorm. Launch 2 is
 // vLLM's reshape_and_cache_flash: the rotated k and v copied into the cache rows of slot_mapping, one
 // thread an element, quantized to fp8 (x / scale, satfinite) when the cache is fp8. It is what the
-// benchmark compares kv_cache_rope_append with (bench/naive/: not installed; the GPU tests check it
+// benchmark compares kv_cache_rope_append with (verify/naive/: not installed; the GPU tests check it
 // against the float64 reference too, so that the baseline the benchmark times is right).
 #pragma once
 

@@ -1,7 +1,7 @@
 // The naive GPU forward: the op as Hugging Face runs it, step by step (apply_rotary_pos_emb on k, the two
 // index_copy_ of StaticCache.update, apply_rotary_pos_emb on q), one simple kernel per step with a temporary
 // for the rotated keys. It is what the benchmark compares the fused forward with (docs/spec.md §2)
-// (bench/naive/: not installed; the tests check it against the float64 reference too).
+// (verify/naive/: not installed; the tests check it against the float64 reference too).
 #pragma once
 
 #include <cuda_runtime_api.h>
