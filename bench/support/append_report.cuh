@@ -31,6 +31,10 @@ struct AppendSummary {
   std::vector<std::string> failures;
   // kvrope / floor by (Hq, cache, layout): which configuration lags.
   std::map<std::string, Means> kvrope_x_floor_by_config;
+  // The PDL pair at T <= 32 (decode): its span without and with enable_pdl, what the option saves.
+  Means pair, pair_pdl;
+  double pdl_saving_sum = 0, pdl_saving_least = 0;
+  int pdl_cases = 0;
 };
 
 inline std::string append_config_name(const AppendCase& c) {
@@ -114,6 +118,16 @@ inline AppendSummary summarize_append(const Run& run) {
     if (k && n) s.naive_x_kvrope.add(n->median_us / k->median_us);
     if (kip && n) s.naive_x_kip.add(n->median_us / kip->median_us);
     if (k) s.kvrope_x_floor_by_config[append_config_name(cr.sc)].add(k->median_us / cr.floor_us);
+    const VariantResult* pair = find_variant(cr, AppendVariant::kPair);
+    const VariantResult* pdl = find_variant(cr, AppendVariant::kPairPdl);
+    if (pair && pdl && cr.sc.tokens() <= 32) {
+      const double saving = pair->median_us - pdl->median_us;
+      s.pair.add(pair->median_us);
+      s.pair_pdl.add(pdl->median_us);
+      s.pdl_saving_sum += saving;
+      s.pdl_saving_least = s.pdl_cases == 0 ? saving : std::min(s.pdl_saving_least, saving);
+      ++s.pdl_cases;
+    }
   }
   return s;
 }
@@ -214,6 +228,11 @@ inline void print_append_summary(const Run& run, const AppendSummary& s) {
   }
   for (const auto& [id, cr] : run.append_results)
     if (!cr.check_note.empty()) std::printf("check note (within tolerance): %s\n", cr.check_note.c_str());
+  if (s.pdl_cases > 0)
+    std::printf(
+        "pdl: the pair (a kernel writing qkv, then kvrope) at T <= 32, %d case(s): span geomean %.2f us without "
+        "enable_pdl, %.2f with; shorter by %.2f us on average, %.2f at least\n",
+        s.pdl_cases, s.pair.geometric(), s.pair_pdl.geometric(), s.pdl_saving_sum / s.pdl_cases, s.pdl_saving_least);
   print_append_host(run);
   std::printf("\narithmetic means over the %d case(s) that ran (CUPTI medians, us):\n", s.cases);
   means(false);

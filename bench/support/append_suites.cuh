@@ -33,6 +33,15 @@
 
 namespace kvrope_bench {
 
+// The PDL pair's producer, as the QKV projection before the append: copies the pristine q, k, v into qkv
+// (bandwidth-bound, 16-byte accesses), after letting the next kernel in the stream start (a programmatic
+// dependent launch of it waits for these writes before reading them).
+__global__ void produce_qkv(const uint4* src, uint4* dst, int64_t n) {
+  kvrope::detail::allow_dependent_grids();
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = src[i];
+}
+
 // The benchmark of one (case, variant) of a serve suite; `slot` holds the case alive now.
 template <typename T, typename C>
 void run_append_variant(benchmark::State& state, Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>& slot,
@@ -42,15 +51,22 @@ void run_append_variant(benchmark::State& state, Run& run, GpuClock& clock, std:
       acquire_case<AppendCaseData<T, C>>(slot, sc, opt, run.device.fill_blocks(), clock.stream());
   const cudaStream_t stream = clock.stream();
   const bool naive = variant == AppendVariant::kNaive;
-  const bool key_in_place = variant != AppendVariant::kKvrope;  // the naive rotates k in place
+  const bool pair = AppendCaseResult::pair(variant);
+  const bool key_in_place = variant != AppendVariant::kKvrope && !pair;  // the naive rotates k in place
   // The q-fp8 cases: kvrope's variants write q in fp8 (query_out_fp8). The naive two launches cannot
   // (naive_append.cuh has no fp8 q): on these cases they run as on the fp8-cache case they copy, q rotated in
   // place in T, so their time is that work's (Hq D bytes a token more than the floor counts).
   const bool q_fp8 = sc.query_fp8 && !naive;
-  const auto params = data.params(key_in_place, q_fp8);
+  auto params = data.params(key_in_place, q_fp8);
+  params.enable_pdl = variant == AppendVariant::kPairPdl;
+  const int64_t qkv_vectors = static_cast<int64_t>(data.qkv.bytes() / sizeof(uint4));
+  const int producer_blocks = static_cast<int>(std::min<int64_t>(4 * run.device.sm_count, (qkv_vectors + 255) / 256));
 
   kvrope::Status status;
   auto launch = [&](cudaStream_t st) {
+    if (pair)
+      produce_qkv<<<producer_blocks, 256, 0, st>>>(data.pristine.template as<uint4>(), data.qkv.template as<uint4>(),
+                                                   qkv_vectors);
     status = naive ? kvrope::reference::naive_append(params, st)
                    : kvrope::testing::AppendLaunchers<T, C, int64_t>::append(params, st);
   };
@@ -64,6 +80,8 @@ void run_append_variant(benchmark::State& state, Run& run, GpuClock& clock, std:
   cr.bytes_kip = append_bytes(sc, true);
   cr.floor_us = run.calibration.floor_us(cr.bytes);
   cr.floor_kip_us = run.calibration.floor_us(cr.bytes_kip);
+  cr.bytes_pair = cr.bytes + 2.0 * static_cast<double>(data.qkv.bytes());
+  cr.floor_pair_us = run.calibration.floor_us(cr.bytes_pair);
 
   // Check once before timing; a failed check is reported (here, in the label and the summary) and the
   // variant still timed, so that one run gives both.

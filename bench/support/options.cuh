@@ -110,13 +110,17 @@ inline const char* fwd_variant_name(FwdVariant v) {
 }
 
 // The variants of the serve suites: kv_cache_rope_append with k read only (FlashInfer's fused kernels'
-// work) and with k rotated in place (vLLM's), and the naive two launches (which rotate k in place).
-enum class AppendVariant { kKvrope, kKvropeKeyInPlace, kNaive };
+// work) and with k rotated in place (vLLM's), and the naive two launches (which rotate k in place). pair and
+// pair_pdl, only when --variants names them: a bandwidth-bound kernel writing qkv (as the QKV projection
+// before the append), then kvrope, without and with enable_pdl (a programmatic dependent launch).
+enum class AppendVariant { kKvrope, kKvropeKeyInPlace, kPair, kPairPdl, kNaive };
 
 inline const char* append_variant_name(AppendVariant v) {
   switch (v) {
     case AppendVariant::kKvrope: return "kvrope";
     case AppendVariant::kKvropeKeyInPlace: return "kvrope_kip";
+    case AppendVariant::kPair: return "pair";
+    case AppendVariant::kPairPdl: return "pair_pdl";
     case AppendVariant::kNaive: return "naive";
   }
   return "?";
@@ -220,8 +224,8 @@ inline bool fwd_selected(const Options& opt, FwdVariant v) {
 // The variants of a serve suite in the order they run within a case: naive last (first with --naive_first).
 inline std::vector<AppendVariant> append_variant_order(const Options& opt) {
   using V = AppendVariant;
-  return opt.naive_first ? std::vector<V>{V::kNaive, V::kKvrope, V::kKvropeKeyInPlace}
-                         : std::vector<V>{V::kKvrope, V::kKvropeKeyInPlace, V::kNaive};
+  return opt.naive_first ? std::vector<V>{V::kNaive, V::kKvrope, V::kKvropeKeyInPlace, V::kPair, V::kPairPdl}
+                         : std::vector<V>{V::kKvrope, V::kKvropeKeyInPlace, V::kPair, V::kPairPdl, V::kNaive};
 }
 
 inline bool append_selected(const Options& opt, AppendVariant v) {
@@ -258,7 +262,7 @@ inline void print_usage() {
       "  --variants=fused,inplace,naive  (default: all three; each case's naive reference runs last, see "
       "--naive_first)\n"
       "                              forward and decode: fwd,fwd_naive; styles: half,interleaved,half_r64;\n"
-      "                              serve-decode and serve-prefill: kvrope,kvrope_kip,naive\n"
+      "                              serve-decode and serve-prefill: kvrope,kvrope_kip,naive (default), pair,pair_pdl\n"
       "  --dtype=bf16|fp16|fp32      (default bf16)\n"
       "  --heads=N --head_dim=N      override the table's H and D (8 and 128 in every row)\n"
       "  --positions=arange|random|wrap  cache_position = arange(S); S distinct random rows of S_max in random\n"
@@ -425,11 +429,15 @@ inline Options parse_options(int* argc, char** argv) {
   if (append_suite(opt.suite)) {
     if (opt.dtype != "bf16") bad_option("--dtype=" + opt.dtype, "the serve suites run bf16 q, k and v");
     const std::vector<AppendVariant> append_order = append_variant_order(opt);
-    opt.append_variants = variants_arg.empty() ? append_order : std::vector<AppendVariant>{};
+    opt.append_variants.clear();  // default: all but the PDL pair
+    if (variants_arg.empty())
+      for (AppendVariant v : append_order)
+        if (v != AppendVariant::kPair && v != AppendVariant::kPairPdl) opt.append_variants.push_back(v);
     for (const auto& p : variants_arg.empty() ? std::vector<std::string>{} : split_commas(variants)) {
       const auto v = std::find_if(append_order.begin(), append_order.end(),
                                   [&](AppendVariant x) { return p == append_variant_name(x); });
-      if (v == append_order.end()) bad_option(variants_arg, "variants of this suite are kvrope, kvrope_kip, naive");
+      if (v == append_order.end())
+        bad_option(variants_arg, "variants of this suite are kvrope, kvrope_kip, pair, pair_pdl, naive");
       opt.append_variants.push_back(*v);
     }
     if (opt.append_variants.empty()) bad_option("--variants", "no variant selected");

@@ -58,13 +58,19 @@ inline const FwdResult* find_variant(const ForwardCaseResult& cr, FwdVariant v) 
 struct AppendCaseResult {
   AppendCase sc{};
   double bytes = 0, bytes_kip = 0, floor_us = 0, floor_kip_us = 0;
-  int checks = 0;                         // kvrope variants checked against the naive reference
-  std::string check_failure, check_note;  // the first failure; what was allowed but not bit-exact
+  double bytes_pair = 0, floor_pair_us = 0;  // the PDL pair's: qkv read and written by its producer besides
+  int checks = 0;                            // kvrope variants checked against the naive reference
+  std::string check_failure, check_note;     // the first failure; what was allowed but not bit-exact
   std::map<AppendVariant, VariantResult> variants;
 
   // The floor a variant is judged by: the naive reference rotates k in place, as kvrope_kip does.
-  double floor_of(AppendVariant v) const { return v == AppendVariant::kKvrope ? floor_us : floor_kip_us; }
-  double bytes_of(AppendVariant v) const { return v == AppendVariant::kKvrope ? bytes : bytes_kip; }
+  double floor_of(AppendVariant v) const {
+    return v == AppendVariant::kKvrope ? floor_us : pair(v) ? floor_pair_us : floor_kip_us;
+  }
+  double bytes_of(AppendVariant v) const {
+    return v == AppendVariant::kKvrope ? bytes : pair(v) ? bytes_pair : bytes_kip;
+  }
+  static bool pair(AppendVariant v) { return v == AppendVariant::kPair || v == AppendVariant::kPairPdl; }
 };
 
 inline const VariantResult* find_variant(const AppendCaseResult& cr, AppendVariant v) {

@@ -5,7 +5,8 @@
 # every GPU test, the random append test (RANDOM_CONFIGS), the four compute-sanitizer tools over the append
 # tests (SANITIZE=0 skips them), the A/B of the base and this tree on every suite (unchecked; the serve
 # suites on the base's cases), this tree's serve suites checked (all cases, the host time), pytest, and
-# bench/flashinfer_compare.py with dev/scripts/serve_vs_flashinfer.py (COMPARE=0 skips it). EXP_SED, a sed
+# bench/flashinfer_compare.py with dev/scripts/serve_vs_flashinfer.py (COMPARE=0 skips it). AB_DECODE_CASES /
+# AB_PREFILL_CASES limit the A/B's serve cases (default: all); DECODE_VARIANTS the checked decode run's. EXP_SED, a sed
 # expression, builds a third bench from this tree with it applied (an experiment, e.g. a policy constant),
 # timed beside the A/B on EXP_SUITES. Logs in $OUT/logs.tar.gz (the device returns few files), the summary in
 # $OUT/summary.txt. Carry .deps, peers and BASE.
@@ -60,8 +61,8 @@ summary+=("base build: rc $(cat /tmp/base.rc) flashinfer JIT: rc $(cat /tmp/fi.r
 for s in serve-decode serve-prefill leaderboard forward decode styles; do
   args=(--iters=$iters --no_check)
   case $s in
-    serve-decode) args+=(--variants=kvrope,kvrope_kip --cases=$(seq -s, 1 48)) ;;
-    serve-prefill) args+=(--variants=kvrope,kvrope_kip --cases=$(seq -s, 1 32)) ;;
+    serve-decode) args+=(--variants=kvrope,kvrope_kip ${AB_DECODE_CASES:+--cases=$AB_DECODE_CASES}) ;;
+    serve-prefill) args+=(--variants=kvrope,kvrope_kip ${AB_PREFILL_CASES:+--cases=$AB_PREFILL_CASES}) ;;
     leaderboard) args+=(--variants=fused,inplace) ;;
     forward | decode | styles) ;;
   esac
@@ -76,7 +77,10 @@ for s in serve-decode serve-prefill leaderboard forward decode styles; do
   done
 done
 for s in serve-decode serve-prefill; do
-  timeout 150 build-gpu/bench/kvrope_bench --suite=$s --iters=$iters --kvrope_json="$logs/$s.json" > "$logs/$s.log" 2>&1
+  extra=()  # (decode: the PDL pair too, when this tree's bench has it: DECODE_VARIANTS)
+  [[ $s == serve-decode && -n ${DECODE_VARIANTS:-} ]] && extra=(--variants=$DECODE_VARIANTS)
+  timeout 150 build-gpu/bench/kvrope_bench --suite=$s "${extra[@]}" --iters=$iters --kvrope_json="$logs/$s.json" \
+    > "$logs/$s.log" 2>&1
   summary+=("$s checked: rc $? ($SECONDS s)")
 done
 if [[ ${COMPARE:-1} == 1 ]] && (($(left) > 150)); then
@@ -96,7 +100,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --
 {
   cat "$logs/gpu.txt"
   for f in "$logs"/ab_*.log "$logs"/serve-*.log; do
-    [[ -f $f ]] && grep -HE "^[a-z_]+ geomean us|/floor geomean|floor\+empty\) geomean|CHECK FAILED|SM clock|serve-host|check:" "$f" |
+    [[ -f $f ]] && grep -HE "^[a-z_]+ geomean us|/floor geomean|floor\+empty\) geomean|CHECK FAILED|SM clock|serve-host|check:|^pdl:" "$f" |
       grep -v event | sed "s|$logs/||"
   done
   grep -E 'geomean|max' "$logs/serve_vs_flashinfer.txt" 2>/dev/null

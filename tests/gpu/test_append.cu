@@ -465,6 +465,70 @@ TEST_CASE("append: a launch captured in a CUDA graph and replayed, on new inputs
   }
 }
 
+namespace {
+// A slow producer of the append's inputs, as the QKV projection before it: one block copies `n` elements
+// from `src` to `dst`, after letting the next kernel start (a programmatic dependent launch of it waits
+// for these writes before reading them).
+template <typename T>
+__global__ void produce_slowly(const T* src, T* dst, int64_t n) {
+  kvrope::detail::allow_dependent_grids();
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+}  // namespace
+
+TEST_CASE("append with enable_pdl reads what the kernel before it writes, streamed and in a graph",
+          "[gpu][append][pdl]") {
+  for (const int64_t tokens : {int64_t{1}, int64_t{32}, int64_t{300}})  // the few-token and the tile path
+    for (const bool graph : {false, true}) {
+      AppendConfig c;
+      c.tokens = tokens;
+      c.heads = 4;
+      c.query_heads = 16;
+      c.head_dim = 128;
+      c.fused_qkv = true;
+      c.q_norm = c.k_norm = true;
+      c.pdl = true;
+      c.seed = 900 + tokens + graph;
+      AppendProblem<__nv_bfloat16, __nv_bfloat16, int64_t> p(c);
+      INFO(c.describe() << (graph ? " (graph)" : ""));
+      cudaStream_t stream = nullptr;
+      KVROPE_CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      // The inputs go to a staging buffer; q, k, v are NaN until the producer copies them back.
+      const size_t bytes = p.qkv.size() * sizeof(__nv_bfloat16);
+      DeviceBuffer<__nv_bfloat16> staging(p.qkv.size());
+      KVROPE_CUDA_REQUIRE(cudaMemcpy(staging.get(), p.qkv.get(), bytes, cudaMemcpyDeviceToDevice));
+      p.poison_outputs();
+      KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+      auto before = p.snapshot();
+      KVROPE_CUDA_REQUIRE(cudaMemset(p.qkv.get(), 0xFF, bytes));
+      Status st;
+      auto step = [&] {
+        produce_slowly<<<1, 32, 0, stream>>>(staging.get(), p.qkv.get(), static_cast<int64_t>(p.qkv.size()));
+        st = p.launch(stream);
+      };
+      if (graph) {
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        KVROPE_CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        step();
+        KVROPE_CUDA_REQUIRE(cudaStreamEndCapture(stream, &g));
+        REQUIRE(st.ok());
+        KVROPE_CUDA_REQUIRE(cudaGraphInstantiate(&exec, g, 0));
+        KVROPE_CUDA_REQUIRE(cudaGraphLaunch(exec, stream));
+        KVROPE_CUDA_REQUIRE(cudaStreamSynchronize(stream));
+        KVROPE_CUDA_REQUIRE(cudaGraphExecDestroy(exec));
+        KVROPE_CUDA_REQUIRE(cudaGraphDestroy(g));
+      } else {
+        step();
+        REQUIRE(st.ok());
+        KVROPE_CUDA_REQUIRE(cudaGetLastError());
+        KVROPE_CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      }
+      p.check(before);
+      KVROPE_CUDA_REQUIRE(cudaStreamDestroy(stream));
+    }
+}
+
 TEST_CASE("append: an invalid call launches nothing and writes nothing", "[gpu][append]") {
   AppendConfig c;
   c.tokens = 8;

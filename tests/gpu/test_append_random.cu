@@ -62,6 +62,7 @@ Draw draw(std::mt19937_64& rng, uint64_t seed) {
   c.fused_qkv = uniform(0, 3) == 0;
   c.query_out = uniform(0, 1) == 1;
   c.query_fp8 = c.query_out && uniform(0, 2) == 0;  // fp8 q rows instead of query_out
+  c.pdl = uniform(0, 4) == 0;
   if (c.query_fp8) c.scales = static_cast<Scales>(uniform(0, 2));
   c.key = static_cast<KeyWrite>(uniform(0, 2));
   c.q_norm = uniform(0, 2) == 0;

@@ -70,6 +70,7 @@ struct AppendConfig {
   int64_t token_pad = 0;       // extra elements after each token of q, k, v and the outputs
   Scales scales = Scales::kNone;
   float scale_magnitude = 1.0f;  // scales drawn in [0.3, 3] times this (small: fp8 saturates)
+  bool pdl = false;              // enable_pdl: a programmatic dependent launch
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -85,7 +86,7 @@ struct AppendConfig {
        << " " << name(key) << (q_norm ? " q_norm" : "") << (k_norm ? " k_norm" : "") << (plus_one ? " plus_one" : "")
        << " eps=" << eps << (table_f32 ? " table_f32" : " table_T") << " slots=" << name(slots)
        << (bad_positions ? " bad_positions" : "") << " offset=" << offset << " token_pad=" << token_pad << " "
-       << name(scales) << "x" << scale_magnitude << " seed=" << seed;
+       << name(scales) << "x" << scale_magnitude << (pdl ? " pdl" : "") << " seed=" << seed;
     return os.str();
   }
 };
@@ -342,6 +343,7 @@ struct AppendProblem {
     p.value_scale = v_scale.get();
     p.scale_per_head = cfg.scales == Scales::kHead;
     p.error_flag = flag.get();
+    p.enable_pdl = cfg.pdl;
     return p;
   }
 
