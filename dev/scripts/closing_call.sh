@@ -21,7 +21,7 @@ iters=${ITERS:-50}
 summary=()
 left() { echo $((${DEADLINE:-560} - SECONDS)); }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
-source dev/scripts/flashinfer_setup.sh > "$logs/fi_setup.log" 2>&1
+[[ ${COMPARE:-1} == 1 ]] && source dev/scripts/flashinfer_setup.sh > "$logs/fi_setup.log" 2>&1
 cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
 (cmake -S "$base/src" -B "$base/b" "${cfg[@]}" > "$logs/base_configure.log" 2>&1 &&
   cmake --build "$base/b" --target kvrope_bench -j 3 > "$logs/base_build.log" 2>&1
@@ -36,7 +36,11 @@ if [[ -n ${EXP_SED:-} ]]; then
 fi
 (TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=3 timeout 400 python3 -m pip install --no-build-isolation --no-deps ./python \
   > "$logs/package.log" 2>&1; echo $? > /tmp/package.rc) &
-(timeout 300 python3 -u bench/flashinfer_compare.py --build-only > "$logs/fi_build.log" 2>&1; echo $? > /tmp/fi.rc) &
+if [[ ${COMPARE:-1} == 1 ]]; then
+  (timeout 300 python3 -u bench/flashinfer_compare.py --build-only > "$logs/fi_build.log" 2>&1; echo $? > /tmp/fi.rc) &
+else
+  (echo skipped > /tmp/fi.rc) &
+fi
 fi_pid=$!
 cmake -S . -B build-gpu "${cfg[@]}" > "$logs/configure.log" 2>&1 &&
   cmake --build build-gpu -j 9 --target kvrope_bench kvrope_gpu_append kvrope_gpu_append_random kvrope_gpu_forward \

@@ -43,6 +43,7 @@ struct AppendTensors {
   c10::optional<at::Tensor> query_out, key_out, query_norm_weight, key_norm_weight, k_scale, v_scale, error_flag,
       q_scale;
   bool key_in_place = false, norm_weight_plus_one = false;
+  bool enable_pdl = false;  // a programmatic dependent launch (kvrope::AppendParams::enable_pdl)
   double norm_eps = 1e-6;
   std::string kv_cache_dtype = "auto";
   int64_t rotary_dim = 0, style = 0;

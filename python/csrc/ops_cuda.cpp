@@ -216,6 +216,7 @@ void append_typed(const AppendTensors& t, cudaStream_t stream) {
   p.slot_mapping = t.slot_mapping.data_ptr<int64_t>();
   p.key_scale = data_or_null<float>(t.k_scale);
   p.value_scale = data_or_null<float>(t.v_scale);
+  p.enable_pdl = t.enable_pdl;
   const int64_t h = p.heads;
   auto per_head = [h](const c10::optional<at::Tensor>& s) {
     return s.has_value() && s->dim() == 1 && h > 1 && s->size(0) == h;

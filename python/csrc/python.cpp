@@ -120,7 +120,7 @@ using ForwardInPlaceSig = void(const Tensor&, const Tensor&, const Tensor&, cons
 using AppendSig = void(const Optional&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&, const Tensor&, const Optional&, const Optional&, bool, const Optional&,
                        const Optional&, double, bool, c10::string_view, const Optional&, const Optional&,
-                       const Optional&, int64_t, int64_t, const Optional&);
+                       const Optional&, int64_t, int64_t, const Optional&, bool);
 template <typename Out>
 using BackwardSig = Out(const Tensor&, const Tensor&, const Optional&, const Tensor&, const Tensor&, const Tensor&,
                         int64_t, int64_t, bool);
@@ -151,7 +151,7 @@ PyObject* forward_(PyObject*, PyObject* const* args, Py_ssize_t n) {
 PyObject* rope_append_(PyObject*, PyObject* const* args, Py_ssize_t n) {
   HANDLE_TH_ERRORS
   static const auto call = typed_op<AppendSig>("kvrope::rope_append_");
-  const Args a("kvrope.rope_append_", args, n, 22);
+  const Args a("kvrope.rope_append_", args, n, 23);
   const std::string kv_cache_dtype = a.text(15, "kv_cache_dtype");
   run(call, a.optional(0, "query"), a.tensor(1, "key"), a.tensor(2, "value"), a.tensor(3, "positions"),
       a.tensor(4, "cos_sin_cache"), a.tensor(5, "key_cache"), a.tensor(6, "value_cache"), a.tensor(7, "slot_mapping"),
@@ -159,7 +159,7 @@ PyObject* rope_append_(PyObject*, PyObject* const* args, Py_ssize_t n) {
       a.optional(11, "query_norm_weight"), a.optional(12, "key_norm_weight"), a.real(13, "norm_eps"),
       a.flag(14, "norm_weight_plus_one"), c10::string_view(kv_cache_dtype), a.optional(16, "k_scale"),
       a.optional(17, "v_scale"), a.optional(18, "error_flag"), a.integer(19, "rotary_dim"), a.integer(20, "style"),
-      a.optional(21, "q_scale"));
+      a.optional(21, "q_scale"), a.flag(22, "enable_pdl"));
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }

@@ -189,7 +189,8 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
                  norm_eps: float = 1e-6, norm_weight_plus_one: bool = False, kv_cache_dtype: str = "auto",
                  k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
                  q_scale: Optional[torch.Tensor] = None, layout: str = "NHD",
-                 error_flag: Optional[torch.Tensor] = None, check: bool = False, style: str = "rotate_half") -> None:
+                 error_flag: Optional[torch.Tensor] = None, check: bool = False, style: str = "rotate_half",
+                 enable_pdl: bool = False) -> None:
     """The serving forward, in place, in one launch (docs/spec.md section 6).
 
     q [T, Hq, D] (or None) and k [T, H, D], optionally RMS-normed per head (``*_norm_weight`` [D];
@@ -212,7 +213,10 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
     ERROR_POSITION_ID_OUT_OF_RANGE. ``check=True`` reads the flag after the call and raises ValueError:
     that synchronizes, so it is refused under CUDA graph capture and is a graph break under torch.compile
     (a given ``error_flag`` keeps the bits of earlier calls). Otherwise the call never synchronizes and
-    allocates nothing. No autograd: in grad mode an input that requires grad is refused."""
+    allocates nothing. No autograd: in grad mode an input that requires grad is refused. ``enable_pdl``
+    (CUDA, sm_90+): a programmatic dependent launch, which may start while the kernel before it in the
+    stream (the QKV projection) finishes and waits for its writes before reading (kvrope's
+    AppendParams::enable_pdl)."""
     _refuse_grad("rope_append_", query=query, key=key, value=value, cos_sin_cache=cos_sin_cache,
                  key_cache=key_cache, value_cache=value_cache, query_norm_weight=query_norm_weight,
                  key_norm_weight=key_norm_weight)
@@ -228,7 +232,8 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
             error_flag = torch.zeros(1, dtype=torch.int32, device=key.device)
     _call(_APPEND, query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
           key_out, bool(key_in_place), query_norm_weight, key_norm_weight, float(norm_eps),
-          bool(norm_weight_plus_one), kv_cache_dtype, k_scale, v_scale, error_flag, 0, _style(style), q_scale)
+          bool(norm_weight_plus_one), kv_cache_dtype, k_scale, v_scale, error_flag, 0, _style(style), q_scale,
+          bool(enable_pdl))
     if check:
         _raise_on_flag(error_flag, cos_sin_cache.shape[0], key_cache)
 
@@ -265,7 +270,7 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
                                kv_cache_dtype: str = "auto", k_scale: Optional[torch.Tensor] = None,
                                v_scale: Optional[torch.Tensor] = None, head_size: Optional[int] = None, *,
                                error_flag: Optional[torch.Tensor] = None, query_out: Optional[torch.Tensor] = None,
-                               q_scale: Optional[torch.Tensor] = None) -> None:
+                               q_scale: Optional[torch.Tensor] = None, enable_pdl: bool = False) -> None:
     """vLLM's ``rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)`` followed by
     ``reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
     v_scale)``, in one launch: query and key rotated in place, RoPE(k) and v written to the caches.
@@ -282,7 +287,7 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
     Beyond vLLM's two calls: ``query_out`` (shaped as query) gets RoPE(q) instead of query itself, in
     query's dtype or in torch.float8_e4m3fn for fp8 attention (fp8_satfinite(x / q_scale), ``q_scale``
     float32 of one element, None: 1; as ``rope_append_``). Unlike k_scale, a q_scale without an fp8
-    query_out is refused: no vLLM call passes it."""
+    query_out is refused: no vLLM call passes it. ``enable_pdl``: as ``rope_append_``'s."""
     d = int(head_size) if head_size is not None else key_cache.shape[-1]
     if d != key_cache.shape[-1]:  # (else a later check, of the tables or of q, would be blamed)
         raise ValueError(f"kvrope: head_size {d} differs from the caches' D = {key_cache.shape[-1]}")
@@ -302,4 +307,4 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
         k_scale = v_scale = None
     _call(_APPEND, q, k, v, positions, cos_sin_cache, key_cache, value_cache, slots, q_out, None, True, None, None,
           1e-6, False, kv_cache_dtype, k_scale, v_scale, error_flag, 0, ROTATE_HALF if is_neox else INTERLEAVED,
-          q_scale)
+          q_scale, bool(enable_pdl))

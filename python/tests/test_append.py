@@ -197,7 +197,7 @@ def kvrope_kwargs(cfg: Config, inputs, query_out=None, key_out=None, error_flag=
     kind = cfg.extra.get("kv_cache_dtype", kind)
     return dict(kw, query_out=query_out, key_out=key_out, key_in_place=cfg.key == "in_place",
                 kv_cache_dtype=kind, layout="HND" if cfg.layout == "HND" else "NHD", error_flag=error_flag,
-                style=cfg.style)
+                style=cfg.style, enable_pdl=cfg.extra.get("enable_pdl", False))
 
 
 # --- running a call and checking everything it wrote ----------------------------------------------
@@ -485,6 +485,15 @@ def test_cuda_options(case, dtype):
     # D = 128: the vectorized kernel (D = 16 in fp32 is vectorized too; bf16 / fp16 at D = 16 are not)
     run_and_check(replace(cfg, dtype=dtype, head_dim=128, rotary_dim=cfg.rotary_dim * 8), "cuda")
     run_and_check(replace(cfg, dtype=dtype), "cuda")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["plain", "norm_qk", "fp8_scale", "fused_everything"])
+def test_enable_pdl(case, device):
+    """enable_pdl (a programmatic dependent launch; the CPU op ignores it) writes what the plain call writes
+    (tests/gpu/test_append.cu checks it reads what the kernel before it writes)."""
+    cfg = CASES[case]
+    run_and_check(replace(cfg, extra=dict(cfg.extra, enable_pdl=True)), device)
 
 
 @needs_cuda
@@ -851,9 +860,9 @@ def test_api_calls_the_op(device):
     a1, a2 = clones(args), clones(args)
     names = ["query_out", "key_out", "key_in_place", "query_norm_weight", "key_norm_weight", "norm_eps",
              "norm_weight_plus_one", "kv_cache_dtype", "k_scale", "v_scale", "error_flag", "rotary_dim", "style",
-             "q_scale"]
+             "q_scale", "enable_pdl"]
     rest = [kwargs.get(name, default) for name, default in zip(
-        names, [None, None, False, None, None, 1e-6, False, "auto", None, None, None, 0, 0, None])]
+        names, [None, None, False, None, None, 1e-6, False, "auto", None, None, None, 0, 0, None, False])]
     kvrope_torch._C.rope_append_(*a1, *rest)
     torch.ops.kvrope.rope_append_.default(*a2, **kwargs)
     for x, y in zip(a1, a2):
@@ -867,10 +876,10 @@ def test_api_calls_the_op(device):
         kvrope_torch._C.rope_append_(*args, *rest[:5], "x", *rest[6:])
     with pytest.raises(TypeError, match="kvrope.rope_append_: kv_cache_dtype must be a str, not int"):
         kvrope_torch._C.rope_append_(*args, *rest[:7], 8, *rest[8:])
-    with pytest.raises(TypeError, match="kvrope.rope_append_ takes 22 arguments, not 8"):
+    with pytest.raises(TypeError, match="kvrope.rope_append_ takes 23 arguments, not 8"):
         kvrope_torch._C.rope_append_(*args)
     with pytest.raises(TypeError, match="kvrope.rope_append_: q_scale must be a tensor, not float"):
-        kvrope_torch._C.rope_append_(*args, *rest[:13], 1.0)
+        kvrope_torch._C.rope_append_(*args, *rest[:13], 1.0, *rest[14:])
     # versions: q, the caches, the flag; k only with key_in_place
     q, k, v, _, _, kc, vc, _ = args = clones(args)
     flag = torch.zeros(1, dtype=torch.int32, device=device)

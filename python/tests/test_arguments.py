@@ -207,6 +207,7 @@ CASES = {
                                                                                  dtype=torch.float64)), TypeError),
         Case("norm_eps", put(norm_eps=-1.0), ValueError),
         Case("norm_weight_plus_one", put(norm_weight_plus_one="yes"), (TypeError, RuntimeError), "op", ours=False),
+        Case("enable_pdl", put(enable_pdl="yes"), (TypeError, RuntimeError), "op", ours=False),
         Case("kv_cache_dtype", put(kv_cache_dtype="int8"), ValueError),
         Case("kv_cache_dtype", put(kv_cache_dtype="fp8_e5m2"), TypeError, call=fp8_append_call, label="format"),
         Case("k_scale", lambda kw: kw.update(k_scale=torch.ones(1, device=kw["key"].device)), ValueError),
@@ -257,8 +258,8 @@ NO_BAD_VALUE = {
     "forward": {"check"},
     "backward": {"check", "table_grads"},
     "backward_": {"table_grads"},
-    "rope_append_": {"check", "norm_weight_plus_one"},
-    "rotary_embedding_and_cache": {"is_neox"},
+    "rope_append_": {"check", "norm_weight_plus_one", "enable_pdl"},
+    "rotary_embedding_and_cache": {"is_neox", "enable_pdl"},
     "forward_": set(),
 }
 GOOD_CALLS = {"forward": heads_call, "forward_": forward_inplace_call, "backward": backward_call,
