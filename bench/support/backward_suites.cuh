@@ -71,17 +71,8 @@ void run_backward_variant(benchmark::State& state, Run& run, GpuClock& clock, st
   if (opt.check) {
     prepare(stream);
     data.poison_outputs(stream, !in_place);
-    launch(stream);
-    KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
-    if (!status.ok()) {
-      state.SkipWithError(status_message(launcher, status).c_str());
-      return;
-    }
-    const std::string failure = in_place ? data.check(data.gk_work, data.gv_work) : data.check(data.gk_in, data.gv_in);
-    if (!failure.empty()) {
-      state.SkipWithError(failure.c_str());
-      return;
-    }
+    auto check = [&] { return in_place ? data.check(data.gk_work, data.gv_work) : data.check(data.gk_in, data.gv_in); };
+    if (!check_once(state, stream, launch, status, launcher, check)) return;
     checked = true;
   }
 

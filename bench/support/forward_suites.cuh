@@ -58,17 +58,7 @@ void run_forward_variant(benchmark::State& state, Run& run, GpuClock& clock, std
   bool checked = false;
   if (opt.check) {
     data.prepare_check(stream);
-    launch(stream);
-    KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
-    if (!status.ok()) {
-      state.SkipWithError(status_message(launcher, status).c_str());
-      return;
-    }
-    const std::string failure = data.check(params);
-    if (!failure.empty()) {
-      state.SkipWithError(failure.c_str());
-      return;
-    }
+    if (!check_once(state, stream, launch, status, launcher, [&] { return data.check(params); })) return;
     checked = true;
   }
 

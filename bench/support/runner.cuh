@@ -141,6 +141,24 @@ inline void finish_timing(benchmark::State& state, VariantResult& r, const std::
   state.SetIterationTime(1e-6 * (n * r.median_us - n * r.mean_us));
 }
 
+// The check before timing: one call on `stream`, its status, then check() (a non-empty message skips the
+// benchmark with it). False when the benchmark was skipped.
+template <typename Launch, typename Check>
+bool check_once(benchmark::State& state, cudaStream_t stream, Launch&& launch, const kvrope::Status& status,
+                const char* launcher, Check&& check) {
+  launch(stream);
+  KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
+  if (!status.ok()) {
+    state.SkipWithError(status_message(launcher, status).c_str());
+    return false;
+  }
+  if (const std::string failure = check(); !failure.empty()) {
+    state.SkipWithError(failure.c_str());
+    return false;
+  }
+  return true;
+}
+
 // The timed part of every (case, variant): time_calls, then after() (a check of what the calls left; a
 // non-empty message skips the benchmark with it), then the statistics. False when the benchmark was skipped.
 template <typename Prepare, typename Launch, typename After>
