@@ -3,13 +3,11 @@
 # builds this tree (the GPU tests, the bench), a base tree's bench (BASE/src, carried: `git archive` of the
 # commit compared against) and, in the background, the PyTorch package and FlashInfer's JIT modules; runs
 # every GPU test, the random append test (RANDOM_CONFIGS), the four compute-sanitizer tools over the append
-# tests (SANITIZE=0 skips them), the A/B of the base and this tree on every suite (unchecked; the serve
-# suites on the base's cases), this tree's serve suites checked (all cases, the host time), pytest, and
-# bench/flashinfer_compare.py with dev/scripts/serve_vs_flashinfer.py (COMPARE=0 skips it). AB_DECODE_CASES /
-# AB_PREFILL_CASES limit the A/B's serve cases (default: all); DECODE_VARIANTS the checked decode run's. EXP_SED, a sed
-# expression, builds a third bench from this tree with it applied (an experiment, e.g. a policy constant),
-# timed beside the A/B on EXP_SUITES. Logs in $OUT/logs.tar.gz (the device returns few files), the summary in
-# $OUT/summary.txt. Carry .deps, peers and BASE.
+# tests (SANITIZE=0 skips them), the A/B of the base and this tree on every suite (unchecked), this tree's
+# serve suites checked (all cases, the host time), pytest, and bench/flashinfer_compare.py with dev/scripts/serve_vs_flashinfer.py (COMPARE=0 skips it). AB_DECODE_CASES /
+# AB_PREFILL_CASES limit the A/B's serve cases (default: all); DECODE_VARIANTS the checked decode run's.
+# Logs in $OUT/logs.tar.gz (the device returns few files), the summary in $OUT/summary.txt. Carry .deps,
+# peers and BASE.
 #   BASE=build-base dev/scripts/closing_call.sh
 set -uo pipefail
 source .deps/gpu-env.sh
@@ -27,13 +25,6 @@ cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
   cmake --build "$base/b" --target kvrope_bench -j 3 > "$logs/base_build.log" 2>&1
 echo $? > /tmp/base.rc) &
 base_pid=$!
-if [[ -n ${EXP_SED:-} ]]; then
-  (rm -rf /tmp/exp && mkdir -p /tmp/exp/src && git ls-files -z | xargs -0 cp --parents -t /tmp/exp/src &&
-    find /tmp/exp/src/include -name '*.cuh' -exec sed -i "$EXP_SED" {} + &&
-    cmake -S /tmp/exp/src -B /tmp/exp/b "${cfg[@]}" > "$logs/exp_configure.log" 2>&1 &&
-    cmake --build /tmp/exp/b --target kvrope_bench -j 3 > "$logs/exp_build.log" 2>&1
-  echo $? > /tmp/exp.rc) &
-fi
 (TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=3 timeout 400 python3 -m pip install --no-build-isolation --no-deps ./python \
   > "$logs/package.log" 2>&1; echo $? > /tmp/package.rc) &
 if [[ ${COMPARE:-1} == 1 ]]; then
@@ -59,8 +50,7 @@ if [[ ${SANITIZE:-1} == 1 ]]; then
   grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san/*.log 2>/dev/null | sort | uniq -c > "$logs/sanitize_summaries.txt"
 fi
 wait $base_pid $fi_pid  # (the package may still be building: pytest comes last)
-[[ -n ${EXP_SED:-} ]] && while [[ ! -f /tmp/exp.rc ]]; do sleep 2; done
-summary+=("base build: rc $(cat /tmp/base.rc) flashinfer JIT: rc $(cat /tmp/fi.rc) exp: rc $(cat /tmp/exp.rc 2>/dev/null) ($SECONDS s)")
+summary+=("base build: rc $(cat /tmp/base.rc) flashinfer JIT: rc $(cat /tmp/fi.rc) ($SECONDS s)")
 # A/B, unchecked, base then this tree: serve suites on the base's cases, the backward, the forward.
 for s in serve-decode serve-prefill leaderboard forward decode styles; do
   args=(--iters=$iters --no_check)
@@ -70,12 +60,9 @@ for s in serve-decode serve-prefill leaderboard forward decode styles; do
     leaderboard) args+=(--variants=fused,inplace) ;;
     forward | decode | styles) ;;
   esac
-  sides=(base new)
-  [[ " ${EXP_SUITES:-} " == *" $s "* && $(cat /tmp/exp.rc 2>/dev/null) == 0 ]] && sides+=(exp)
-  for side in "${sides[@]}"; do
+  for side in base new; do
     bench=build-gpu/bench/kvrope_bench
     [[ $side == base ]] && bench=$base/b/bench/kvrope_bench
-    [[ $side == exp ]] && bench=/tmp/exp/b/bench/kvrope_bench
     timeout 100 "$bench" --suite=$s "${args[@]}" --kvrope_json="$logs/ab_${side}_$s.json" > "$logs/ab_${side}_$s.log" 2>&1
     summary+=("ab $side $s: rc $? ($SECONDS s)")
   done
