@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/fake_append.hpp"
 
 using namespace kvrope;
 
@@ -133,9 +134,8 @@ TEST_CASE("fused qkv views: append, q and k in place, every token count", "[host
       for (const int64_t s : kSeqs) {
         // The append's tokens are ragged: [T, heads, D] of T = B S tokens, torch's strides for T = 1.
         const int64_t t = b * s, d = sh.d, h = sh.h;
-        AppendParams<T, T> p{};
-        p.tokens = t, p.heads = h, p.query_heads = sh.hq, p.head_dim = d;
-        T* qkv = reinterpret_cast<T*>(0x10000000);
+        AppendParams<T, T> p = fake_append<T>(t, h, sh.hq, d);
+        T* qkv = p.query.data;
         auto heads = [&](int which) {
           const View v = fused_view(sh.model, which, 1, t, sh.hq, h, d);
           return TokenHeads<T>{qkv + v.offset, v.seq_stride, v.head_stride};
@@ -144,14 +144,6 @@ TEST_CASE("fused qkv views: append, q and k in place, every token count", "[host
         p.key = heads(1);
         p.value = TokenHeads<const T>(heads(2));
         p.key_in_place = true;
-        p.positions = reinterpret_cast<const int64_t*>(0x20000000);
-        p.cos_sin_cache_f32 = reinterpret_cast<const float*>(0x30000000);
-        p.max_position = 4096;
-        p.key_cache = nhd_pages(reinterpret_cast<T*>(0x40000000), 16, h, d);
-        p.value_cache = nhd_pages(reinterpret_cast<T*>(0x50000000), 16, h, d);
-        p.page_size = 16;
-        p.num_pages = 1024;
-        p.slot_mapping = reinterpret_cast<const int64_t*>(0x60000000);
         INFO(name(sh.model) << " Hq " << sh.hq << " H " << h << " D " << d << " T " << t);
         CHECK(validate(p).ok());
         p.key.data -= d / 2;  // onto q's (Phi-3) or the head's q (GPT-NeoX) last elements
