@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The closing GPU call of a change, from the repository root on the GPU machine, within one 600 s call:
-# builds this tree (the GPU tests, the bench), a base tree's bench (BASE/src, carried: `git archive` of the
-# commit compared against) and, in the background, the PyTorch package and FlashInfer's JIT modules; runs
-# every GPU test, the random append test (RANDOM_CONFIGS), the four compute-sanitizer tools over the append
-# tests (SANITIZE=0 skips them), the A/B of the base and this tree on every suite (unchecked), this tree's
-# serve suites checked (all cases, the host time), pytest, and bench/flashinfer_compare.py with dev/scripts/serve_vs_flashinfer.py (COMPARE=0 skips it). AB_DECODE_CASES /
-# AB_PREFILL_CASES limit the A/B's serve cases (default: all); DECODE_VARIANTS the checked decode run's.
+# builds this tree (the GPU tests, the examples, the bench), a base tree's bench (BASE/src, carried: `git
+# archive` of the commit compared against) and, in the background, the PyTorch package and FlashInfer's JIT
+# modules; runs the examples, every GPU test (TESTS=0 skips them), the random append test (RANDOM_CONFIGS),
+# the A/B of the base and this tree on AB_SUITES (unchecked; default six), this tree's CHECKED_SUITES
+# checked (default the serve suites, with the host time), FlashInfer's comparison (bench/flashinfer_compare.py,
+# dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it), compute-sanitizer's SANITIZE_TOOLS (default all
+# four) over SANITIZE_BINARIES (default gpu_append*; SANITIZE=0 skips them) and pytest (PYTEST=0 skips it
+# and the package build). AB_DECODE_CASES / AB_PREFILL_CASES limit the A/B's serve cases (default: all);
+# DECODE_VARIANTS the checked decode run's.
 # Logs in $OUT/logs.tar.gz (the device returns few files), the summary in $OUT/summary.txt. Carry .deps,
 # peers and BASE.
 #   BASE=build-base dev/scripts/closing_call.sh
@@ -25,8 +28,12 @@ cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
   cmake --build "$base/b" --target kvrope_bench -j 3 > "$logs/base_build.log" 2>&1
 echo $? > /tmp/base.rc) &
 base_pid=$!
-(TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=3 timeout 400 python3 -m pip install --no-build-isolation --no-deps ./python \
-  > "$logs/package.log" 2>&1; echo $? > /tmp/package.rc) &
+if [[ ${PYTEST:-1} == 1 ]]; then
+  (TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=3 timeout 400 python3 -m pip install --no-build-isolation --no-deps ./python \
+    > "$logs/package.log" 2>&1; echo $? > /tmp/package.rc) &
+else
+  echo skipped > /tmp/package.rc
+fi
 if [[ ${COMPARE:-1} == 1 ]]; then
   (timeout 300 python3 -u bench/flashinfer_compare.py --build-only > "$logs/fi_build.log" 2>&1; echo $? > /tmp/fi.rc) &
 else
@@ -35,30 +42,31 @@ fi
 fi_pid=$!
 cmake -S . -B build-gpu "${cfg[@]}" > "$logs/configure.log" 2>&1 &&
   cmake --build build-gpu -j 9 --target kvrope_bench kvrope_gpu_append kvrope_gpu_append_random kvrope_gpu_forward \
-    kvrope_gpu_backward kvrope_gpu_launch kvrope_gpu_random > "$logs/build.log" 2>&1
+    kvrope_gpu_backward kvrope_gpu_launch kvrope_gpu_random kvrope_example_backward_basic \
+    kvrope_example_training_step kvrope_example_custom_kernel > "$logs/build.log" 2>&1
 summary+=("build: rc $? ($SECONDS s)")
-for t in append forward backward launch random; do
-  timeout 150 build-gpu/tests/gpu/gpu_$t > "$logs/gpu_$t.log" 2>&1
-  summary+=("gpu_$t: rc $? ($(grep -E 'passed|failed' "$logs/gpu_$t.log" | tail -n 1)) ($SECONDS s)")
+for e in backward_basic training_step custom_kernel; do
+  timeout 60 build-gpu/examples/$e > "$logs/example_$e.log" 2>&1
+  summary+=("example $e: rc $? ($(tail -n 1 "$logs/example_$e.log")) ($SECONDS s)")
 done
-KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} timeout 150 build-gpu/tests/gpu/gpu_append_random > "$logs/append_random.log" 2>&1
-summary+=("append_random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$logs/append_random.log" | head -n 1)) ($SECONDS s)")
-if [[ ${SANITIZE:-1} == 1 ]]; then
-  SANITIZE_TIMEOUT=150 JOBS=12 BINARIES='gpu_append*' timeout 200 dev/scripts/sanitize_all.sh build-gpu /tmp/san \
-    > "$logs/sanitize.txt" 2>&1
-  summary+=("sanitize (append tests, 4 tools): rc $? ($(tail -n 1 "$logs/sanitize.txt")) ($SECONDS s)")
-  grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san/*.log 2>/dev/null | sort | uniq -c > "$logs/sanitize_summaries.txt"
+if [[ ${TESTS:-1} == 1 ]]; then
+  for t in append forward backward launch random; do
+    timeout 150 build-gpu/tests/gpu/gpu_$t > "$logs/gpu_$t.log" 2>&1
+    summary+=("gpu_$t: rc $? ($(grep -E 'passed|failed' "$logs/gpu_$t.log" | tail -n 1)) ($SECONDS s)")
+  done
+  KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} timeout 150 build-gpu/tests/gpu/gpu_append_random > "$logs/append_random.log" 2>&1
+  summary+=("append_random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$logs/append_random.log" | head -n 1)) ($SECONDS s)")
 fi
 wait $base_pid $fi_pid  # (the package may still be building: pytest comes last)
 summary+=("base build: rc $(cat /tmp/base.rc) flashinfer JIT: rc $(cat /tmp/fi.rc) ($SECONDS s)")
 # A/B, unchecked, base then this tree: serve suites on the base's cases, the backward, the forward.
-for s in serve-decode serve-prefill leaderboard forward decode styles; do
+for s in ${AB_SUITES:-serve-decode serve-prefill leaderboard forward decode styles}; do
   args=(--iters=$iters --no_check)
   case $s in
     serve-decode) args+=(--variants=kvrope,kvrope_kip ${AB_DECODE_CASES:+--cases=$AB_DECODE_CASES}) ;;
     serve-prefill) args+=(--variants=kvrope,kvrope_kip ${AB_PREFILL_CASES:+--cases=$AB_PREFILL_CASES}) ;;
     leaderboard) args+=(--variants=fused,inplace) ;;
-    forward | decode | styles) ;;
+    *) ;;
   esac
   for side in base new; do
     bench=build-gpu/bench/kvrope_bench
@@ -67,7 +75,7 @@ for s in serve-decode serve-prefill leaderboard forward decode styles; do
     summary+=("ab $side $s: rc $? ($SECONDS s)")
   done
 done
-for s in serve-decode serve-prefill; do
+for s in ${CHECKED_SUITES:-serve-decode serve-prefill}; do
   extra=()  # (decode: the PDL pair too, when this tree's bench has it: DECODE_VARIANTS)
   [[ $s == serve-decode && -n ${DECODE_VARIANTS:-} ]] && extra=(--variants=$DECODE_VARIANTS)
   timeout 150 build-gpu/bench/kvrope_bench --suite=$s "${extra[@]}" --iters=$iters --kvrope_json="$logs/$s.json" \
@@ -81,9 +89,16 @@ if [[ ${COMPARE:-1} == 1 ]] && (($(left) > 150)); then
   python3 dev/scripts/serve_vs_flashinfer.py "$logs/flashinfer_compare.log" "$logs/serve-decode.log" \
     "$logs/serve-prefill.log" > "$logs/serve_vs_flashinfer.txt" 2>&1
 fi
+if [[ ${SANITIZE:-1} == 1 ]] && (($(left) > 60)); then
+  SANITIZE_TIMEOUT=$(($(left) - 40)) JOBS=12 BINARIES=${SANITIZE_BINARIES:-'gpu_append*'} timeout $(($(left) - 30)) \
+    dev/scripts/sanitize_all.sh build-gpu /tmp/san "${SANITIZE_TOOLS:-racecheck memcheck initcheck synccheck}" \
+    > "$logs/sanitize.txt" 2>&1
+  summary+=("sanitize (${SANITIZE_TOOLS:-4 tools} over ${SANITIZE_BINARIES:-gpu_append*}): rc $? ($(tail -n 1 "$logs/sanitize.txt")) ($SECONDS s)")
+  grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/san/*.log 2>/dev/null | sort | uniq -c > "$logs/sanitize_summaries.txt"
+fi
 wait
 summary+=("package build: rc $(cat /tmp/package.rc) ($SECONDS s)")
-if (($(left) > 30)); then
+if [[ ${PYTEST:-1} == 1 ]] && (($(left) > 30)); then
   timeout $(($(left) - 10)) python3 -m pytest python/tests -q -rs -x > "$logs/pytest.log" 2>&1
   summary+=("pytest: rc $? ($(tail -n 1 "$logs/pytest.log")) ($SECONDS s)")
 fi
