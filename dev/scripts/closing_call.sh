@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The closing GPU call of a change, from the repository root on the GPU machine, within one 600 s call:
-# builds this tree (the GPU tests, the examples, the bench), a base tree's bench (BASE/src, carried: `git
-# archive` of the commit compared against) and, in the background, the PyTorch package and FlashInfer's JIT
+# builds this tree (the GPU tests, the examples, the bench), the bench of each base tree in BASE (BASE/src,
+# carried: `git archive` of the commit compared against; several, space-separated) and, in the background, the PyTorch package and FlashInfer's JIT
 # modules; runs the examples, every GPU test (TESTS=0 skips them), the random append test (RANDOM_CONFIGS),
 # the A/B of the base and this tree on AB_SUITES (unchecked; default six), this tree's CHECKED_SUITES
 # checked (default the serve suites, with the host time), FlashInfer's comparison (bench/flashinfer_compare.py,
@@ -17,17 +17,21 @@ source .deps/gpu-env.sh
 out=${OUT:-out}
 logs=$out/logs
 mkdir -p "$logs"
-base=${BASE:-build-base}
+bases=(${BASE:-build-base})  # (several, space-separated: each is built and timed beside this tree)
 iters=${ITERS:-50}
 summary=()
 left() { echo $((${DEADLINE:-560} - SECONDS)); }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
 [[ ${COMPARE:-1} == 1 ]] && source dev/scripts/flashinfer_setup.sh > "$logs/fi_setup.log" 2>&1
 cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
-(cmake -S "$base/src" -B "$base/b" "${cfg[@]}" > "$logs/base_configure.log" 2>&1 &&
-  cmake --build "$base/b" --target kvrope_bench -j 3 > "$logs/base_build.log" 2>&1
-echo $? > /tmp/base.rc) &
-base_pid=$!
+base_pids=()
+for base in "${bases[@]}"; do
+  b=$(basename "$base")
+  (cmake -S "$base/src" -B "$base/b" "${cfg[@]}" > "$logs/${b}_configure.log" 2>&1 &&
+    cmake --build "$base/b" --target kvrope_bench -j 3 > "$logs/${b}_build.log" 2>&1
+  echo $? > /tmp/$b.rc) &
+  base_pids+=($!)
+done
 if [[ ${PYTEST:-1} == 1 ]]; then
   (TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=3 timeout 400 python3 -m pip install --no-build-isolation --no-deps ./python \
     > "$logs/package.log" 2>&1; echo $? > /tmp/package.rc) &
@@ -57,8 +61,9 @@ if [[ ${TESTS:-1} == 1 ]]; then
   KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} timeout 150 build-gpu/tests/gpu/gpu_append_random > "$logs/append_random.log" 2>&1
   summary+=("append_random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$logs/append_random.log" | head -n 1)) ($SECONDS s)")
 fi
-wait $base_pid $fi_pid  # (the package may still be building: pytest comes last)
-summary+=("base build: rc $(cat /tmp/base.rc) flashinfer JIT: rc $(cat /tmp/fi.rc) ($SECONDS s)")
+wait "${base_pids[@]}" $fi_pid  # (the package may still be building: pytest comes last)
+for base in "${bases[@]}"; do summary+=("$(basename "$base") build: rc $(cat /tmp/$(basename "$base").rc)"); done
+summary+=("flashinfer JIT: rc $(cat /tmp/fi.rc) ($SECONDS s)")
 # A/B, unchecked, base then this tree: serve suites on the base's cases, the backward, the forward.
 for s in ${AB_SUITES:-serve-decode serve-prefill leaderboard forward decode styles}; do
   args=(--iters=$iters --no_check)
@@ -68,9 +73,9 @@ for s in ${AB_SUITES:-serve-decode serve-prefill leaderboard forward decode styl
     leaderboard) args+=(--variants=fused,inplace) ;;
     *) ;;
   esac
-  for side in base new; do
+  for side in "${bases[@]}" new; do
     bench=build-gpu/bench/kvrope_bench
-    [[ $side == base ]] && bench=$base/b/bench/kvrope_bench
+    [[ $side != new ]] && bench=$side/b/bench/kvrope_bench && side=$(basename "$side")
     timeout 100 "$bench" --suite=$s "${args[@]}" --kvrope_json="$logs/ab_${side}_$s.json" > "$logs/ab_${side}_$s.log" 2>&1
     summary+=("ab $side $s: rc $? ($SECONDS s)")
   done
