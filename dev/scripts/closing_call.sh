@@ -2,7 +2,7 @@
 # The closing GPU call of a change, from the repository root on the GPU machine, within one 600 s call:
 # builds this tree (the GPU tests, the examples, the bench), the bench of each base tree in BASE (BASE/src,
 # carried: `git archive` of the commit compared against; several, space-separated) and, in the background, the PyTorch package and FlashInfer's JIT
-# modules; runs the examples, every GPU test (TESTS=0 skips them), the random append test (RANDOM_CONFIGS),
+# modules; runs the examples, the GPU tests named in TESTS (default all; append_random: RANDOM_CONFIGS),
 # the A/B of the base and this tree on AB_SUITES (unchecked; default six), this tree's CHECKED_SUITES
 # checked (default the serve suites, with the host time), FlashInfer's comparison (bench/flashinfer_compare.py,
 # dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it), compute-sanitizer's SANITIZE_TOOLS (default all
@@ -46,18 +46,19 @@ fi
 fi_pid=$!
 cmake -S . -B build-gpu "${cfg[@]}" > "$logs/configure.log" 2>&1 &&
   cmake --build build-gpu -j 9 --target kvrope_bench kvrope_gpu_append kvrope_gpu_append_random kvrope_gpu_forward \
-    kvrope_gpu_backward kvrope_gpu_launch kvrope_gpu_random kvrope_example_backward_basic \
+    kvrope_gpu_backward kvrope_gpu_launch kvrope_gpu_random kvrope_gpu_nvfp4 kvrope_example_backward_basic \
     kvrope_example_training_step kvrope_example_custom_kernel > "$logs/build.log" 2>&1
 summary+=("build: rc $? ($SECONDS s)")
 for e in backward_basic training_step custom_kernel; do
   timeout 60 build-gpu/examples/$e > "$logs/example_$e.log" 2>&1
   summary+=("example $e: rc $? ($(tail -n 1 "$logs/example_$e.log")) ($SECONDS s)")
 done
-if [[ ${TESTS:-1} == 1 ]]; then
-  for t in append forward backward launch random; do
-    timeout 150 build-gpu/tests/gpu/gpu_$t > "$logs/gpu_$t.log" 2>&1
-    summary+=("gpu_$t: rc $? ($(grep -E 'passed|failed' "$logs/gpu_$t.log" | tail -n 1)) ($SECONDS s)")
-  done
+for t in ${TESTS-append forward backward launch random nvfp4 append_random}; do
+  [[ $t == append_random ]] && continue
+  timeout 150 build-gpu/tests/gpu/gpu_$t > "$logs/gpu_$t.log" 2>&1
+  summary+=("gpu_$t: rc $? ($(grep -E 'passed|failed' "$logs/gpu_$t.log" | tail -n 1)) ($SECONDS s)")
+done
+if [[ " ${TESTS-append_random} " == *" append_random "* ]]; then
   KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} timeout 150 build-gpu/tests/gpu/gpu_append_random > "$logs/append_random.log" 2>&1
   summary+=("append_random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$logs/append_random.log" | head -n 1)) ($SECONDS s)")
 fi
