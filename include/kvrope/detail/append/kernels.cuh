@@ -29,6 +29,9 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   const uint32_t warp = blockIdx.x * (kAppendTokenBlockThreads / 32) + threadIdx.x / 32;
   const int64_t token = g.div_token_warps.div32(warp);
   if (token >= a.tokens) return;  // (the whole warp)
+  // The chain's heads first: the position (then the table row), the slot (then the scan of later slots).
+  const RawIndex raw_position = load_raw_index(a.positions, a.positions_are_int64, token);
+  int64_t slot = a.heads > 0 ? a.slots[token] : -1;
   const int rows_per_warp = 32 / g.lanes;
   const int first = static_cast<int>(warp - static_cast<uint32_t>(token) * g.div_token_warps.divisor) * rows_per_warp;
   const int per_token = static_cast<int>(g.div_rows.divisor);
@@ -38,10 +41,9 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, g.rotary_units, unit);
   const AppendRow r = token_row(a, token, 0, j);
   UnitChunks<T, N> x;
-  if (active) x = load_chunks<T, N>(row_source(a, r), pl);  // first: nothing it needs is loaded
+  if (active) x = load_chunks<T, N>(row_source(a, r), pl);  // nothing it needs is loaded
   const CallScales scales = call_scales(a);                 // in flight beside the position, off its chain
-  const int64_t p = append_position(a, token);
-  int64_t slot = a.heads > 0 ? a.slots[token] : -1;
+  const int64_t p = checked_position(a, index_value(raw_position, a.positions_are_int64));
   const bool in_range = slot >= 0 && slot < a.num_slots;
   // The warp's rows include a k or v row: whether the slot is this token's to write.
   if (in_range && first + rows_per_warp > a.q_heads && first < per_token && later_names_slot(a, token, slot)) slot = -1;

@@ -77,16 +77,16 @@ __device__ __forceinline__ float unit_square_sum(const UnitChunks<T, N>& x) {
 //! The per-tensor scales a row is stored with (q out in fp8, the fp8 caches; 1 elsewhere), loaded once
 //! a thread, off the rows' chains.
 struct CallScales {
-  float q, k, v;
+  StoreScale q, k, v;
 };
 
 template <typename T, typename C>
 __device__ __forceinline__ CallScales call_scales(const AppendArgs<T, C>& a) {
-  CallScales s{1.0f, 1.0f, 1.0f};
-  if (a.q_out_fp8.data != nullptr && a.q_scale != nullptr) s.q = *a.q_scale;
+  CallScales s;
+  if (a.q_out_fp8.data != nullptr && a.q_scale != nullptr) s.q = store_scale(*a.q_scale);
   if constexpr (kIsFp8<C>) {
-    if (!a.k_cache.per_head) s.k = head_scale(a.k_cache, 0);
-    if (!a.v_cache.per_head) s.v = head_scale(a.v_cache, 0);
+    if (!a.k_cache.per_head) s.k = store_scale(head_scale(a.k_cache, 0));
+    if (!a.v_cache.per_head) s.v = store_scale(head_scale(a.v_cache, 0));
   }
   return s;
 }
@@ -97,7 +97,7 @@ struct AppendRowContext {
   AppendRow r;
   const unsigned char* table;  // the token's table row
   C* cache_row;                // the cache row to write, or null
-  float scale;                 // the scale of what the row stores (fp8 q or cache rows)
+  StoreScale scale;            // the scale of what the row stores (fp8 q or cache rows)
   const T* norm;               // the norm weights, or null
   float inv_rms;               // the row's norm factor
 };
@@ -117,7 +117,7 @@ __device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const App
     const uint64_t page = a.div_page.divmod(static_cast<uint64_t>(slot), offset);
     const CacheRows<C>& cache = r.kind == RowKind::kKey ? a.k_cache : a.v_cache;
     ctx.cache_row = cache.rows.row(static_cast<int64_t>(page), static_cast<int64_t>(offset), r.head);
-    if (kIsFp8<C> && cache.per_head) ctx.scale = head_scale(cache, r.head);
+    if (kIsFp8<C> && cache.per_head) ctx.scale = store_scale(head_scale(cache, r.head));
   }
   ctx.norm = r.kind == RowKind::kQuery ? a.q_norm : r.kind == RowKind::kKey ? a.k_norm : nullptr;
   ctx.inv_rms = 1.0f;
@@ -186,10 +186,26 @@ __device__ __forceinline__ void load_staged_angles(const E* cs, const E* sn, con
   }
 }
 
-//! Normalizes (when asked), rotates and rounds one unit of a q or k row; v rows come out as loaded.
+//! A unit's angles from its row's table row (a q or k unit in the rotated part; else left unset).
+template <typename T, typename C, int N>
+__device__ __forceinline__ void load_unit_angles(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
+                                                 const UnitPlace& pl, RopeChunk<N>& c, RopeChunk<N>& s) {
+  if (ctx.r.kind == RowKind::kValue || !pl.rotated) return;
+  if (a.table_f32) {
+    const float* cs = reinterpret_cast<const float*>(ctx.table);
+    load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
+  } else {
+    const T* cs = reinterpret_cast<const T*>(ctx.table);
+    load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
+  }
+}
+
+//! Normalizes (when asked), rotates by the unit's angles (c, s: load_unit_angles) and rounds one unit of
+//! a q or k row; v rows come out as loaded.
 template <typename T, typename C, int N>
 __device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
-                                            const UnitPlace& pl, UnitChunks<T, N>& x) {
+                                            const UnitPlace& pl, const RopeChunk<N>& c, const RopeChunk<N>& s,
+                                            UnitChunks<T, N>& x) {
   if (ctx.r.kind == RowKind::kValue || (ctx.norm == nullptr && !pl.rotated)) return;  // bit-exact copy
   RopeChunk<N> f;
   x.lo.to_float(f.lo);
@@ -204,19 +220,18 @@ __device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const App
       f.hi[i] = f.hi[i] * ctx.inv_rms * (wh[i] + a.norm_offset);
     }
   }
-  if (pl.rotated) {
-    RopeChunk<N> c, s;
-    if (a.table_f32) {
-      const float* cs = reinterpret_cast<const float*>(ctx.table);
-      load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
-    } else {
-      const T* cs = reinterpret_cast<const T*>(ctx.table);
-      load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
-    }
-    f = pl.cross ? rope_forward(f, c, s) : rope_forward_interleaved(f, c, s);
-  }
+  if (pl.rotated) f = pl.cross ? rope_forward(f, c, s) : rope_forward_interleaved(f, c, s);
   x.lo = Vec<T, N>::from_float(f.lo);
   x.hi = Vec<T, N>::from_float(f.hi);
+}
+
+//! Loads a unit's angles, then normalizes, rotates and rounds it.
+template <typename T, typename C, int N>
+__device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
+                                            const UnitPlace& pl, UnitChunks<T, N>& x) {
+  RopeChunk<N> c, s;
+  load_unit_angles<T, C, N>(a, ctx, pl, c, s);
+  finish_unit<T, C, N>(a, ctx, pl, c, s, x);
 }
 
 //! Stores a finished unit wherever its row goes, each destination through its type's store path. kQ8:
@@ -229,12 +244,12 @@ __device__ __forceinline__ void store_row_unit(const AppendArgs<T, C>& a, const 
     if (kQ8 && a.q_out_fp8.data != nullptr)
       store_unit(a.q_out_fp8.row(r.token, r.head), pl, x, ctx.scale);
     else
-      store_unit(a.q_out.row(r.token, r.head), pl, x, 1.0f);
+      store_unit(a.q_out.row(r.token, r.head), pl, x, StoreScale{});
     return;
   }
   if (r.kind == RowKind::kKey) {
-    if (a.k_out.data != nullptr) store_unit(a.k_out.row(r.token, r.head), pl, x, 1.0f);
-    if (a.k_back.data != nullptr) store_unit(a.k_back.row(r.token, r.head), pl, x, 1.0f);
+    if (a.k_out.data != nullptr) store_unit(a.k_out.row(r.token, r.head), pl, x, StoreScale{});
+    if (a.k_back.data != nullptr) store_unit(a.k_back.row(r.token, r.head), pl, x, StoreScale{});
   }
   if (ctx.cache_row != nullptr) store_unit(ctx.cache_row, pl, x, ctx.scale);
 }
@@ -244,9 +259,11 @@ __device__ __forceinline__ void store_row_unit(const AppendArgs<T, C>& a, const 
 template <typename T, typename C, int N, bool kQ8>
 __device__ __forceinline__ void finish_row(const AppendArgs<T, C>& a, int lanes, AppendRowContext<T, C>& ctx,
                                            const UnitPlace& pl, bool active, UnitChunks<T, N>& x) {
+  RopeChunk<N> c, s;  // (in flight during the norm's shuffles)
+  if (active) load_unit_angles<T, C, N>(a, ctx, pl, c, s);
   if (ctx.norm != nullptr) ctx.inv_rms = row_inv_rms(a, group_sum(active ? unit_square_sum(x) : 0.0f, lanes));
   if (active) {
-    finish_unit<T, C, N>(a, ctx, pl, x);
+    finish_unit<T, C, N>(a, ctx, pl, c, s, x);
     store_row_unit<T, C, N, kQ8>(a, ctx, pl, x);
   }
 }

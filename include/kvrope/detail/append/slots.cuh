@@ -10,11 +10,16 @@
 
 namespace kvrope::detail {
 
+//! Position p, or -1 when it is outside [0, max_position).
+template <typename T, typename C>
+__device__ __forceinline__ int64_t checked_position(const AppendArgs<T, C>& a, int64_t p) {
+  return p >= 0 && p < a.max_position ? p : -1;
+}
+
 //! Token t's position, or -1 when it is outside [0, max_position).
 template <typename T, typename C>
 __device__ __forceinline__ int64_t append_position(const AppendArgs<T, C>& a, int64_t t) {
-  const int64_t p = index_value(load_raw_index(a.positions, a.positions_are_int64, t), a.positions_are_int64);
-  return p >= 0 && p < a.max_position ? p : -1;
+  return checked_position(a, index_value(load_raw_index(a.positions, a.positions_are_int64, t), a.positions_are_int64));
 }
 
 //! Calls f(s, u) for each token u = first, first + stride, ... below a.tokens, with its slot s: a thread
