@@ -12,9 +12,9 @@
 
 namespace kvrope {
 
-//! Checks an append call without touching the device: sizes, rotary_dim, one table source, the
-//! scales' use, required pointers, strides, outputs whose rows do not overlap, outputs clear of every
-//! input and of each other (q and k in place are outputs only).
+//! Checks an append call without touching the device: sizes, rotary_dim, mRoPE sections, one table
+//! source, the scales' use, required pointers, strides, outputs whose rows do not overlap, outputs clear
+//! of every input and of each other (q and k in place are outputs only).
 template <typename T, typename C, typename Pos>
 Status validate(const AppendParams<T, C, Pos>& params) {
   return detail::validate_append(params);

@@ -100,10 +100,20 @@ struct AppendParams {
   bool key_in_place = false;           //!< write the rotated k back into key (vLLM); excludes key_out
   TokenHeads<const T> value;           //!< v [T, H, D]
 
-  const Pos* positions = nullptr;            //!< [T] device array: each token's row of the table cache
+  const Pos* positions = nullptr;            //!< [T] device array: each token's row of the table cache (mRoPE: [3, T])
   const T* cos_sin_cache = nullptr;          //!< table cache [max_position, R] in T (cos in [0, R/2), sin in [R/2, R))
   const float* cos_sin_cache_f32 = nullptr;  //!< the same in fp32 (one of the two exactly)
   int64_t max_position = 0;                  //!< rows of the table cache
+
+  //! Optional multimodal rotary positions (mRoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL; docs/spec.md §6.2): positions
+  //! is then [3, T], three streams (temporal, height, width; stream j at positions + j position_stream_stride),
+  //! and pair i (i < R/2, either style) takes cos and sin from the row of stream s(i). Contiguous sections:
+  //! s(i) = 0 for i < s0, 1 for i < s0 + s1, else 2. Interleaved (mrope_interleaved, Qwen3-VL): s(i) = 1 when
+  //! i % 3 == 1 and i < 3 s1, 2 when i % 3 == 2 and i < 3 s2, else 0. A token any of whose three positions is
+  //! outside [0, max_position) writes nothing. All zero: no mRoPE, positions [T]; else non-negative, sum R/2.
+  int64_t mrope_section[3] = {0, 0, 0};
+  bool mrope_interleaved = false;      //!< interleaved sections (Qwen3-VL); else contiguous (Qwen2-VL, Qwen2.5-VL)
+  int64_t position_stream_stride = 0;  //!< with mRoPE: elements from one stream of positions to the next (0 or more)
 
   //! Optional per-head RMSNorm before the rotation, in fp32: x * rsqrt(mean(x^2) + norm_eps) * w over
   //! the D elements of each head row, with w = weight (or 1 + weight with norm_weight_plus_one, Gemma).
@@ -135,6 +145,12 @@ struct AppendParams {
   //! launch, which starts once the kernel before has ended.
   bool enable_pdl = false;
 };
+
+//! Whether an append call uses multimodal rotary positions (mRoPE): some mrope_section non-zero.
+template <typename T, typename C, typename Pos>
+constexpr bool has_mrope(const AppendParams<T, C, Pos>& p) {
+  return p.mrope_section[0] != 0 || p.mrope_section[1] != 0 || p.mrope_section[2] != 0;
+}
 
 //! The kernel an append call launches (docs/design.md, "The serving forward"): chosen from the call's
 //! shape alone.

@@ -21,6 +21,24 @@ struct CacheRows {
   bool per_head = false;
 };
 
+enum class MropeKind : int { kNone, kContiguous, kInterleaved };
+
+//! Which stream of positions each rotary pair takes its angle from under mRoPE (AppendParams::mrope_section).
+//! kContiguous: bound = {s0, s0 + s1}; kInterleaved: bound = {3 s1, 3 s2}, each at most R/2.
+struct MropeRule {
+  MropeKind kind = MropeKind::kNone;
+  int bound[2] = {0, 0};
+
+  //! The stream of pair i (i < R/2), with mRoPE.
+  __host__ __device__ __forceinline__ int stream(int i) const {
+    if (kind == MropeKind::kInterleaved) {
+      const int m = i % 3;
+      return m == 1 && i < bound[0] ? 1 : m == 2 && i < bound[1] ? 2 : 0;
+    }
+    return (i >= bound[0] ? 1 : 0) + (i >= bound[1] ? 1 : 0);
+  }
+};
+
 //! The call's tensors, q's and k's outputs resolved. A token's rows are numbered j in [0, Hq + 2 H):
 //! q heads, then k heads, then v heads.
 template <typename T, typename C>
@@ -35,6 +53,9 @@ struct AppendArgs {
   TokenHeads<T> k_back;                 // key itself with key_in_place, else null
   const void* positions;
   bool positions_are_int64;
+  // mRoPE: mrope.kind other than kNone; positions [3, T], position_stream_stride elements a stream
+  MropeRule mrope;
+  int64_t position_stream_stride;
   const void* table;  // [max_position, R] in T or fp32
   bool table_f32;
   int64_t max_position;

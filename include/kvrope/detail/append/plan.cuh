@@ -33,6 +33,15 @@ AppendArgs<T, C> append_args(const AppendParams<T, C, Pos>& p) {
   if (p.key_in_place) a.k_back = p.key;
   a.positions = p.positions;
   a.positions_are_int64 = sizeof(Pos) == 8;
+  if (has_mrope(p)) {
+    // (validate: each section in [0, R/2]; a bound past the last pair changes nothing)
+    const int64_t* s = p.mrope_section;
+    const int64_t pairs = a.rotary_dim / 2;
+    a.mrope.kind = p.mrope_interleaved ? MropeKind::kInterleaved : MropeKind::kContiguous;
+    a.mrope.bound[0] = static_cast<int>(p.mrope_interleaved ? std::min(3 * s[1], pairs) : s[0]);
+    a.mrope.bound[1] = static_cast<int>(p.mrope_interleaved ? std::min(3 * s[2], pairs) : s[0] + s[1]);
+    a.position_stream_stride = p.position_stream_stride;
+  }
   a.table_f32 = p.cos_sin_cache_f32 != nullptr;
   a.table = a.table_f32 ? static_cast<const void*>(p.cos_sin_cache_f32) : p.cos_sin_cache;
   a.max_position = p.max_position;

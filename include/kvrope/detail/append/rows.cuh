@@ -100,6 +100,10 @@ struct AppendRowContext {
   StoreScale scale;            // the scale of what the row stores (fp8 q or cache rows)
   const T* norm;               // the norm weights, or null
   float inv_rms;               // the row's norm factor
+  // mRoPE on the few-token path: the table cache's rows of the token's positions in streams 1 and 2
+  // (`table` is stream 0's); null elsewhere, where `table` holds each pair's angle (the tile path stages
+  // each token's row composed from its three)
+  const unsigned char* stream_table[2];
 };
 
 //! The context of row `r` whose token's table row is at `table` and whose slot to write is `slot` (-1:
@@ -108,6 +112,7 @@ template <typename T, typename C>
 __device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const AppendRow& r, const unsigned char* table,
                                             int64_t slot, const CallScales& scales, AppendRowContext<T, C>& ctx) {
   ctx.r = r;
+  ctx.stream_table[0] = ctx.stream_table[1] = nullptr;
   if (slot == -2) return false;
   ctx.table = table;
   ctx.cache_row = nullptr;
@@ -186,18 +191,44 @@ __device__ __forceinline__ void load_staged_angles(const E* cs, const E* sn, con
   }
 }
 
+//! A unit's angles from its row's table row of elements E (ctx.table), as load_staged_angles gives them;
+//! with stream rows (mRoPE, few-token path) each pair's from the row of its stream: the unit's angles
+//! from all three rows, each element then picking its pair's.
+template <int N, typename E, typename T, typename C>
+__device__ __forceinline__ void load_row_angles(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
+                                                const UnitPlace& pl, RopeChunk<N>& c, RopeChunk<N>& s) {
+  const int64_t half = a.rotary_dim / 2;
+  const E* t0 = reinterpret_cast<const E*>(ctx.table);
+  load_staged_angles<N>(t0, t0 + half, pl, c, s);
+  if (ctx.stream_table[0] == nullptr) return;
+  const E* t1 = reinterpret_cast<const E*>(ctx.stream_table[0]);
+  const E* t2 = reinterpret_cast<const E*>(ctx.stream_table[1]);
+  RopeChunk<N> c1, s1, c2, s2;
+  load_staged_angles<N>(t1, t1 + half, pl, c1, s1);
+  load_staged_angles<N>(t2, t2 + half, pl, c2, s2);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    // Element i of the chunks: pair pair_lo + i in both (the pairs span the chunks), or pair_lo + i / 2 and
+    // pair_hi + i / 2 (each chunk holds whole pairs).
+    const int lo = pl.cross ? pl.pair_lo + i : pl.pair_lo + i / 2;
+    const int hi = pl.cross ? lo : pl.pair_hi + i / 2;
+    const int sl = a.mrope.stream(lo), sh = a.mrope.stream(hi);
+    c.lo[i] = sl == 1 ? c1.lo[i] : sl == 2 ? c2.lo[i] : c.lo[i];
+    s.lo[i] = sl == 1 ? s1.lo[i] : sl == 2 ? s2.lo[i] : s.lo[i];
+    c.hi[i] = sh == 1 ? c1.hi[i] : sh == 2 ? c2.hi[i] : c.hi[i];
+    s.hi[i] = sh == 1 ? s1.hi[i] : sh == 2 ? s2.hi[i] : s.hi[i];
+  }
+}
+
 //! A unit's angles from its row's table row (a q or k unit in the rotated part; else left unset).
 template <typename T, typename C, int N>
 __device__ __forceinline__ void load_unit_angles(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
                                                  const UnitPlace& pl, RopeChunk<N>& c, RopeChunk<N>& s) {
   if (ctx.r.kind == RowKind::kValue || !pl.rotated) return;
-  if (a.table_f32) {
-    const float* cs = reinterpret_cast<const float*>(ctx.table);
-    load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
-  } else {
-    const T* cs = reinterpret_cast<const T*>(ctx.table);
-    load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
-  }
+  if (a.table_f32)
+    load_row_angles<N, float>(a, ctx, pl, c, s);
+  else
+    load_row_angles<N, T>(a, ctx, pl, c, s);
 }
 
 //! Normalizes (when asked), rotates by the unit's angles (c, s: load_unit_angles) and rounds one unit of

@@ -16,10 +16,40 @@ __device__ __forceinline__ int64_t checked_position(const AppendArgs<T, C>& a, i
   return p >= 0 && p < a.max_position ? p : -1;
 }
 
-//! Token t's position, or -1 when it is outside [0, max_position).
+//! Token t's position in stream `stream` of positions (mRoPE; else stream 0), as given.
+template <typename T, typename C>
+__device__ __forceinline__ int64_t stream_position(const AppendArgs<T, C>& a, int64_t t, int stream) {
+  const int64_t at = t + stream * a.position_stream_stride;
+  return index_value(load_raw_index(a.positions, a.positions_are_int64, at), a.positions_are_int64);
+}
+
+//! Token t's position (mRoPE: its first stream's), or -1 when it (mRoPE: any of its three) is outside
+//! [0, max_position).
 template <typename T, typename C>
 __device__ __forceinline__ int64_t append_position(const AppendArgs<T, C>& a, int64_t t) {
-  return checked_position(a, index_value(load_raw_index(a.positions, a.positions_are_int64, t), a.positions_are_int64));
+  const int64_t p = checked_position(a, stream_position(a, t, 0));
+  if (a.mrope.kind == MropeKind::kNone) return p;
+  const int64_t h = checked_position(a, stream_position(a, t, 1)), w = checked_position(a, stream_position(a, t, 2));
+  return h < 0 || w < 0 ? -1 : p;
+}
+
+//! mRoPE: token t's raw indices in streams 1 and 2 (loaded early, beside stream 0's; untouched without mRoPE).
+template <typename T, typename C>
+__device__ __forceinline__ void load_stream_indices(const AppendArgs<T, C>& a, int64_t t, RawIndex (&raw)[2]) {
+  if (a.mrope.kind == MropeKind::kNone) return;
+  for (int j = 0; j < 2; ++j)
+    raw[j] = load_raw_index(a.positions, a.positions_are_int64, t + (j + 1) * a.position_stream_stride);
+}
+
+//! The token's position from its raw stream-0 index, or -1 when it is out of range; with mRoPE also -1
+//! when a position of streams 1 and 2 (raw, load_stream_indices) is, and those two go to hw.
+template <typename T, typename C>
+__device__ __forceinline__ int64_t token_position(const AppendArgs<T, C>& a, const RawIndex& raw0,
+                                                  const RawIndex (&raw)[2], int64_t (&hw)[2]) {
+  const int64_t p = checked_position(a, index_value(raw0, a.positions_are_int64));
+  if (a.mrope.kind == MropeKind::kNone) return p;
+  for (int j = 0; j < 2; ++j) hw[j] = checked_position(a, index_value(raw[j], a.positions_are_int64));
+  return hw[0] < 0 || hw[1] < 0 ? -1 : p;
 }
 
 //! Calls f(s, u) for each token u = first, first + stride, ... below a.tokens, with its slot s: a thread

@@ -51,6 +51,32 @@ __device__ __forceinline__ AppendTile append_tile(unsigned char* shared, const T
            reinterpret_cast<int*>(shared + at.later), hash_slots}};
 }
 
+//! With mRoPE: the staged table row of each of the tile's tokens holds, for each pair i, cos and sin from
+//! the table cache's row of the position of the pair's stream, so that the rows are finished as without
+//! mRoPE. A pair a thread, plain loads (a token with a position out of range stages nothing: it writes
+//! nothing).
+template <typename T, typename C>
+__device__ __forceinline__ void stage_mrope_rows(const AppendArgs<T, C>& a, const AppendGeometry& g,
+                                                 const AppendTile& tl) {
+  const int pairs = static_cast<int>(a.rotary_dim / 2);
+  const int64_t bytes = append_table_bytes(a);
+  const bool wide = bytes == 4 * a.rotary_dim;  // fp32 elements, else 16-bit ones
+  for (int c = static_cast<int>(threadIdx.x); c < tl.count * pairs; c += static_cast<int>(blockDim.x)) {
+    const int i = c / pairs, pair = c - i * pairs;
+    const int64_t p = stream_position(a, tl.first + i, a.mrope.stream(pair));
+    if (p < 0 || p >= a.max_position) continue;
+    const unsigned char* src = static_cast<const unsigned char*>(a.table) + p * bytes;
+    unsigned char* dst = tl.table + int64_t{i} * g.table_row_bytes;
+    if (wide) {
+      reinterpret_cast<uint32_t*>(dst)[pair] = reinterpret_cast<const uint32_t*>(src)[pair];
+      reinterpret_cast<uint32_t*>(dst)[pairs + pair] = reinterpret_cast<const uint32_t*>(src)[pairs + pair];
+    } else {
+      reinterpret_cast<uint16_t*>(dst)[pair] = reinterpret_cast<const uint16_t*>(src)[pair];
+      reinterpret_cast<uint16_t*>(dst)[pairs + pair] = reinterpret_cast<const uint16_t*>(src)[pairs + pair];
+    }
+  }
+}
+
 //! Stages tile `tl` (every thread of the block; it ends with a barrier): each token's slot, its table
 //! row (copied while the later tokens' slots are scanned), and whether it is the last to write its slot:
 //! no later token with its position in range names it, in the tile (the slot table's `last`) or after
@@ -80,10 +106,13 @@ __device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const Appe
     }
     tl.slot[i] = s;
   }
-  // The table rows, a copy a thread (each thread loads the position its copy needs).
+  // The table rows, a copy a thread (each thread loads the position its copy needs); with mRoPE each row
+  // composed from its token's three rows.
   const int bytes = static_cast<int>(append_table_bytes(a));
   const int step = g.table_copy_bytes;
-  const int copies = bytes / step;
+  const bool mrope = a.mrope.kind != MropeKind::kNone;
+  const int copies = mrope ? 0 : bytes / step;
+  if (mrope) stage_mrope_rows(a, g, tl);
   for (int c = tid; c < tl.count * copies; c += threads) {
     const int i = c / copies, b = (c - i * copies) * step;
     const int64_t p = append_position(a, tl.first + i);

@@ -36,6 +36,18 @@ Layout paged_layout(const char* name, const char* const (&strides)[3], const Pag
                 {strides[0], strides[1], strides[2]}};
 }
 
+// positions as the checks see them: [T], or with mRoPE three streams of T, position_stream_stride apart.
+template <typename T, typename C, typename Pos>
+Layout positions_layout(const AppendParams<T, C, Pos>& p, int64_t tokens) {
+  Layout l = flat_layout("positions", p.positions, sizeof(Pos), tokens);
+  if (has_mrope(p)) {
+    l.extent[0] = 3;
+    l.stride[0] = p.position_stream_stride;
+    l.stride_name[0] = "position_stream_stride";
+  }
+  return l;
+}
+
 template <typename T, typename C, typename Pos>
 Status check_append_sizes(const AppendParams<T, C, Pos>& p) {
   if (p.tokens < 0) return fail(StatusCode::kInvalidSize, "tokens");
@@ -60,6 +72,18 @@ Status check_append_sizes(const AppendParams<T, C, Pos>& p) {
     return fail(StatusCode::kConflictingFields, "query_scale", "query_out_fp8");
   if (p.key_in_place && p.key_out.data != nullptr)
     return fail(StatusCode::kConflictingFields, "key_in_place", "key_out");
+  if (has_mrope(p)) {
+    // Each section in [0, R/2] (no overflow in the sum), the three covering the R/2 pairs.
+    const int64_t pairs = effective_rotary_dim(p.rotary_dim, p.head_dim) / 2;
+    for (const int64_t s : p.mrope_section)
+      if (s < 0 || s > pairs) return fail(StatusCode::kInvalidSize, "mrope_section");
+    if (p.mrope_section[0] + p.mrope_section[1] + p.mrope_section[2] != pairs)
+      return fail(StatusCode::kInvalidSize, "mrope_section");
+  } else {
+    if (p.mrope_interleaved) return fail(StatusCode::kConflictingFields, "mrope_interleaved", "mrope_section");
+    if (p.position_stream_stride != 0)
+      return fail(StatusCode::kConflictingFields, "position_stream_stride", "mrope_section");
+  }
   if constexpr (!kIsFp8<C>) {
     if (p.key_scale != nullptr) return fail(StatusCode::kConflictingFields, "key_scale", "key_cache");
     if (p.value_scale != nullptr) return fail(StatusCode::kConflictingFields, "value_scale", "value_cache");
@@ -91,7 +115,7 @@ Status validate_append(const AppendParams<T, C, Pos>& p) {
       token_heads_layout("value", {"value.token_stride", "value.head_stride"}, p.value, kv_tokens, p.heads, d),
       token_heads_layout("query", {"query.token_stride", "query.head_stride"}, TokenHeads<const T>(p.query),
                          q_in_place ? 0 : q_tokens, p.query_heads, d),
-      flat_layout("positions", p.positions, sizeof(Pos), rows),
+      positions_layout(p, rows),
       flat_layout(f32 ? "cos_sin_cache_f32" : "cos_sin_cache",
                   f32 ? static_cast<const void*>(p.cos_sin_cache_f32) : p.cos_sin_cache, f32 ? 4 : sizeof(T),
                   rows > 0 ? p.max_position * rotary : 0),
