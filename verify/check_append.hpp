@@ -157,10 +157,10 @@ CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<
     };
     if (unit < N) {
       const int64_t t = unit;
-      const int64_t row = reference::append_table_row(in, t);
-      const bool valid = row >= 0;
+      const reference::TableRows rows = reference::append_table_rows(in, t);
+      const bool valid = rows.valid();
       for (int64_t i = 0; i < Hq; ++i) {
-        if (valid) reference::gold_row(in, in.query.row(t, i), in.query_norm_weight, row, gold.data());
+        if (valid) reference::gold_row(in, in.query.row(t, i), in.query_norm_weight, rows, gold.data());
         const bool normed = in.query_norm_weight != nullptr;
         if (out.query.data) {
           if (q_in_place)
@@ -193,7 +193,7 @@ CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<
         }
       }
       for (int64_t j = 0; j < H; ++j) {
-        if (valid) reference::gold_row(in, in.key.row(t, j), in.key_norm_weight, row, gold.data());
+        if (valid) reference::gold_row(in, in.key.row(t, j), in.key_norm_weight, rows, gold.data());
         const bool normed = in.key_norm_weight != nullptr;
         if (out.key.data) {
           if (in.key_in_place)
@@ -238,7 +238,7 @@ CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<
           const float vs = reference::scale_of(in.value_scale, in.scale_per_head, j);
           const bool normed = in.key_norm_weight != nullptr;
           if (kg)
-            reference::gold_row(in, in.key.row(t, j), in.key_norm_weight, reference::append_table_row(in, t),
+            reference::gold_row(in, in.key.row(t, j), in.key_norm_weight, reference::append_table_rows(in, t),
                                 gold.data());
           for (int64_t d = 0; d < D && kg; ++d) {
             const double got = reference::detail::cache_value(kg[d]);

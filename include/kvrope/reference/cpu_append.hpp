@@ -120,12 +120,43 @@ inline float scale_of(const float* scale, bool per_head, int64_t h) {
 // The op.
 // ---------------------------------------------------------------------------------------------------
 
-//! The row of the table cache token t reads: its position, or -1 when the position is outside
-//! [0, max_position) (the token then writes nothing at all: no q, no k out, no cache row).
+//! With mRoPE (has_mrope), the stream of positions whose row pair i (0 <= i < R/2) of a token takes its cos
+//! and sin from (docs/spec.md §6.2): contiguous sections, 0 below s0, 1 below s0 + s1, else 2; interleaved,
+//! 1 when i % 3 == 1 and i < 3 s1, 2 when i % 3 == 2 and i < 3 s2, else 0. Without mRoPE, 0.
+template <typename T, typename C, typename Pos>
+int mrope_stream(const AppendParams<T, C, Pos>& p, int64_t i) {
+  if (!has_mrope(p)) return 0;
+  const int64_t* s = p.mrope_section;
+  if (p.mrope_interleaved) return i % 3 == 1 && i < 3 * s[1] ? 1 : i % 3 == 2 && i < 3 * s[2] ? 2 : 0;
+  return i < s[0] ? 0 : i < s[0] + s[1] ? 1 : 2;
+}
+
+//! The rows of the table cache token t reads: `stream[j]` the position of stream j (with mRoPE positions is
+//! [3, T], streams position_stream_stride apart; else all three are the token's position), or all -1 when
+//! one of them is outside [0, max_position) (the token then writes nothing at all: no q, no k out, no cache
+//! row).
+struct TableRows {
+  int64_t stream[3];
+  bool valid() const { return stream[0] >= 0; }
+};
+
+template <typename T, typename C, typename Pos>
+TableRows append_table_rows(const AppendParams<T, C, Pos>& p, int64_t t) {
+  TableRows r{};
+  bool ok = true;
+  for (int j = 0; j < 3; ++j) {
+    const int64_t at = has_mrope(p) ? t + j * p.position_stream_stride : t;
+    r.stream[j] = static_cast<int64_t>(p.positions[at]);
+    ok = ok && r.stream[j] >= 0 && r.stream[j] < p.max_position;
+  }
+  return ok ? r : TableRows{{-1, -1, -1}};
+}
+
+//! The row of the table cache token t reads (with mRoPE, its first stream's), or -1 when its position (with
+//! mRoPE, any of the three) is outside [0, max_position).
 template <typename T, typename C, typename Pos>
 int64_t append_table_row(const AppendParams<T, C, Pos>& p, int64_t t) {
-  const int64_t id = static_cast<int64_t>(p.positions[t]);
-  return (id >= 0 && id < p.max_position) ? id : -1;
+  return append_table_rows(p, t).stream[0];
 }
 
 template <typename T, typename C, typename Pos>
@@ -180,12 +211,13 @@ std::vector<int64_t> slot_writers(const AppendParams<T, C, Pos>& p) {
   return writer;
 }
 
-//! The cos and sin element e < R of a token at table row `row` is rotated with: the table cache's
-//! columns c and R/2 + c, c = rotary_pair_index(style, R, e).
+//! The cos and sin element e < R of a token reading table rows `rows` (valid) is rotated with: the table
+//! cache's columns c and R/2 + c, c = rotary_pair_index(style, R, e), of the row of pair c's stream.
 template <typename T, typename C, typename Pos>
-Angle append_angle(const AppendParams<T, C, Pos>& p, int64_t row, int64_t e) {
+Angle append_angle(const AppendParams<T, C, Pos>& p, const TableRows& rows, int64_t e) {
   const int64_t R = rotary_dim_of(p);
   const int64_t c = rotary_pair_index(p.style, R, e);
+  const int64_t row = rows.stream[mrope_stream(p, c)];
   if (p.cos_sin_cache_f32) return {p.cos_sin_cache_f32[row * R + c], p.cos_sin_cache_f32[row * R + R / 2 + c]};
   return {detail::at(p.cos_sin_cache + row * R, c), detail::at(p.cos_sin_cache + row * R, R / 2 + c)};
 }
@@ -199,12 +231,12 @@ Angle append_angle(const AppendParams<T, C, Pos>& p, int64_t row, int64_t e) {
 //! adds about 3 u A. 2^-21 (2 + D / 16) A = (16 + D / 2) u A covers both with room.
 inline double norm_abs_sum_factor(int64_t head_dim) { return 2.0 + static_cast<double>(head_dim) / 16.0; }
 
-//! The whole rotated row of a head row x of a token at table row `row` (valid): optionally RMS-normed
-//! with `weight` over its D elements, then rotated; elements R..D-1 pass through (normed if asked).
-//! out[d].abs_sum is the sum of |products| of the rotation (docs/spec.md §1.7), widened by
-//! norm_abs_sum_factor when normed; 0 for a plain copy (a pass-through element without norm).
+//! The whole rotated row of a head row x of a token reading table rows `rows` (append_table_rows, valid):
+//! optionally RMS-normed with `weight` over its D elements, then rotated; elements R..D-1 pass through
+//! (normed if asked). out[d].abs_sum is the sum of |products| of the rotation (docs/spec.md §1.7), widened
+//! by norm_abs_sum_factor when normed; 0 for a plain copy (a pass-through element without norm).
 template <typename T, typename C, typename Pos>
-void gold_row(const AppendParams<T, C, Pos>& p, const T* x, const T* weight, int64_t row, Gold* out) {
+void gold_row(const AppendParams<T, C, Pos>& p, const T* x, const T* weight, const TableRows& rows, Gold* out) {
   const int64_t D = p.head_dim, R = rotary_dim_of(p);
   std::vector<double> y(static_cast<size_t>(D));
   double widen = 0.0;  // 0: no norm
@@ -223,7 +255,7 @@ void gold_row(const AppendParams<T, C, Pos>& p, const T* x, const T* weight, int
       out[e] = {y[e], std::fabs(y[e]) * widen};
       continue;
     }
-    const Angle a = append_angle(p, row, e);
+    const Angle a = append_angle(p, rows, e);
     const double yc = y[e] * a.cos;
     const double ys = y[rotary_partner(p.style, R, e)] * a.sin;
     const double abs_sum = std::fabs(yc) + std::fabs(ys);
@@ -291,18 +323,18 @@ AppendGold cpu_append(const AppendParams<T, C, Pos>& in) {
   g.error_flag = expected_append_flag(in);
   const TokenHeads<const T> q_before = detail::query_target(in), k_before = detail::key_target(in);
   for (int64_t t = 0; t < N; ++t) {
-    const int64_t row = append_table_row(in, t);
+    const TableRows rows = append_table_rows(in, t);
     for (int64_t i = 0; i < Hq; ++i) {
       Gold* out = &g.query[(t * Hq + i) * D];
-      if (row >= 0)
-        gold_row(in, in.query.row(t, i), in.query_norm_weight, row, out);
+      if (rows.valid())
+        gold_row(in, in.query.row(t, i), in.query_norm_weight, rows, out);
       else
         for (int64_t d = 0; d < D; ++d) out[d] = {detail::at(q_before.row(t, i), d), 0.0};
     }
     for (int64_t j = 0; j < H; ++j) {
       Gold* out = &g.key[(t * H + j) * D];
-      if (row >= 0)
-        gold_row(in, in.key.row(t, j), in.key_norm_weight, row, out);
+      if (rows.valid())
+        gold_row(in, in.key.row(t, j), in.key_norm_weight, rows, out);
       else
         for (int64_t d = 0; d < D; ++d) out[d] = {detail::at((k_before.data ? k_before : in.key).row(t, j), d), 0.0};
     }
