@@ -4,7 +4,8 @@
 // the norms; NHD and HND pages, a flat pool, a contiguous per-sequence cache, caches of different
 // strides; a fused qkv buffer; padding, repeated and out-of-range slots and positions; misaligned views;
 // int32 and int64 positions; fp32 and T tables; decode, T = 1024, a prefill of 4096 tokens, an empty
-// call; graph capture. Outputs and caches are poisoned (0xFF bytes) before every launch
+// call; graph capture; multimodal positions (mRoPE: contiguous and interleaved sections, a stream stride
+// other than T) with each of these options. Outputs and caches are poisoned (0xFF bytes) before every launch
 // (tests/support/append_problem.cuh).
 #include <type_traits>
 
@@ -102,6 +103,147 @@ TEMPLATE_TEST_CASE("append into fp8 caches: e4m3 and e5m2, no scale, one scale, 
     c.scale_magnitude = magnitude;
     run_case<TestType, __nv_fp8_e4m3>(c, true);
     run_case<TestType, __nv_fp8_e5m2>(c, false);
+  }
+}
+
+namespace {
+// mRoPE sections of head dims and rotary dims (R = 0: D): Qwen2-VL / Qwen2.5-VL (16, 24, 24) and Qwen3-VL
+// (24, 20, 20) at D = 128, smaller dims, partial rotary, a dim the vector path cannot take (130: the tile
+// path's scalar form at every T).
+struct MropeShape {
+  int64_t head_dim, rotary_dim, section[3];
+};
+constexpr MropeShape kMropeShapes[] = {
+    {128, 0, {16, 24, 24}},  {128, 0, {24, 20, 20}}, {64, 0, {8, 12, 12}},   {80, 64, {8, 12, 12}},
+    {128, 64, {10, 11, 11}}, {48, 0, {12, 6, 6}},    {130, 0, {21, 22, 22}}, {64, 0, {0, 32, 0}},
+};
+// Token counts of the few-token path (up to kAppendTokenMaxTokens on the vector path) and of the tile path.
+constexpr int64_t kMropeTokens[] = {1, 3, 37, 300, detail::kAppendTokenMaxTokens + 1, 2100};
+
+void set_mrope(AppendConfig& c, const MropeShape& m, bool interleaved) {
+  c.head_dim = m.head_dim;
+  c.rotary_dim = m.rotary_dim;
+  for (int j = 0; j < 3; ++j) c.mrope[j] = m.section[j];
+  c.mrope_interleaved = interleaved;
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("append with mRoPE matches the float64 reference: sections, styles, partial rotary, norms, sizes",
+                   "[gpu][append][mrope]", __nv_bfloat16, __half, float) {
+  uint64_t seed = 1000;
+  for (const MropeShape& m : kMropeShapes)
+    for (const bool interleaved : {false, true})
+      for (const RotaryStyle style : {RotaryStyle::kRotateHalf, RotaryStyle::kInterleaved}) {
+        AppendConfig c;
+        c.seed = seed++;
+        set_mrope(c, m, interleaved);
+        c.style = style;
+        c.tokens = kMropeTokens[c.seed % 6];
+        c.heads = 1 + static_cast<int64_t>(c.seed % 3);
+        c.query_heads = c.seed % 5 == 0 ? 0 : c.heads * (1 + static_cast<int64_t>(c.seed % 4));
+        c.query_out = c.seed % 2 == 1;
+        c.key = static_cast<KeyWrite>(c.seed % 3);
+        c.q_norm = c.seed % 4 == 1 || c.seed % 4 == 3;
+        c.k_norm = c.seed % 4 >= 2;
+        c.table_f32 = c.seed % 3 != 1;
+        c.k_cache = c.seed % 2 ? CacheKind::kHND : CacheKind::kNHD;
+        c.page_size = c.seed % 3 == 0 ? 16 : c.seed % 3 == 1 ? 1 : 8;
+        c.slots = kPatterns[c.seed % 6];
+        c.bad_positions = c.seed % 4 == 2;
+        c.stream_pad = c.seed % 3 == 0 ? 0 : c.seed % 3 == 1 ? 5 : 64;
+        run_case<TestType, TestType>(c, c.seed % 2 == 0);
+      }
+}
+
+TEMPLATE_TEST_CASE("append with mRoPE into fp8 caches and fp8 q, per-tensor and per-head scales, both paths",
+                   "[gpu][append][mrope][fp8]", __nv_bfloat16, __half, float) {
+  uint64_t seed = 1100;
+  for (const bool interleaved : {false, true})
+    for (const Scales scales : {Scales::kTensor, Scales::kHead})
+      for (const int64_t tokens : {int64_t{1}, int64_t{45}, int64_t{detail::kAppendTokenMaxTokens + 77}}) {
+        AppendConfig c;
+        c.seed = seed++;
+        set_mrope(c, kMropeShapes[c.seed % 5], interleaved);
+        c.tokens = tokens;
+        c.heads = 4;
+        c.query_heads = 8;
+        c.scales = scales;
+        c.query_fp8 = c.seed % 2 == 0;
+        c.key = static_cast<KeyWrite>(c.seed % 3);
+        c.q_norm = c.k_norm = c.seed % 3 == 0;
+        c.style = c.seed % 4 < 2 ? RotaryStyle::kInterleaved : RotaryStyle::kRotateHalf;
+        c.slots = kPatterns[c.seed % 6];
+        c.stream_pad = 3;
+        if (c.seed % 2)
+          run_case<TestType, __nv_fp8_e4m3>(c, true);
+        else
+          run_case<TestType, __nv_fp8_e5m2>(c, false);
+      }
+}
+
+TEST_CASE("append with mRoPE: cache layouts, a fused qkv buffer, misaligned views, streams of stride 0",
+          "[gpu][append][mrope]") {
+  struct Variant {
+    CacheKind k, v;
+    int64_t page_size;
+    bool contiguous, fused;
+    int64_t offset, stream_pad;  // stream_pad -T: stride 0
+  };
+  const Variant variants[] = {
+      {CacheKind::kNHD, CacheKind::kNHD, 16, false, false, 0, 0},
+      {CacheKind::kHND, CacheKind::kHND, 16, false, true, 0, 7},
+      {CacheKind::kNHD, CacheKind::kNHD, 1, false, false, 0, 1},   // a flat pool
+      {CacheKind::kHND, CacheKind::kNHD, 0, true, false, 0, 0},    // a contiguous per-sequence cache
+      {CacheKind::kNHD, CacheKind::kHND, 8, false, false, 1, 2},   // misaligned: the scalar path
+      {CacheKind::kNHD, CacheKind::kNHD, 16, false, true, 0, -1},  // stride 0 (set to -T below)
+  };
+  uint64_t seed = 1200;
+  for (const Variant& v : variants)
+    for (const int64_t tokens : {int64_t{2}, int64_t{29}, int64_t{1500}})
+      for (const bool interleaved : {false, true}) {
+        AppendConfig c;
+        c.seed = seed++;
+        set_mrope(c, kMropeShapes[c.seed % 2], interleaved);
+        c.tokens = tokens;
+        c.heads = 2;
+        c.query_heads = 8;
+        c.k_cache = v.k;
+        c.v_cache = v.v;
+        c.page_size = v.page_size;
+        c.contiguous = v.contiguous;
+        c.fused_qkv = v.fused;
+        c.offset = v.offset;
+        c.stream_pad = v.stream_pad < 0 ? -tokens : v.stream_pad;
+        c.key = v.fused ? KeyWrite::kInPlace : KeyWrite::kOut;
+        c.q_norm = c.k_norm = c.seed % 2 == 0;
+        c.slots = v.contiguous ? SlotPattern::kSequences : kPatterns[c.seed % 6];
+        c.bad_positions = c.seed % 3 == 0;
+        run_case<__nv_bfloat16, __nv_bfloat16>(c, c.seed % 2 == 0);
+        c.scales = Scales::kHead;
+        run_case<__half, __nv_fp8_e4m3>(c, c.seed % 2 == 1);
+      }
+}
+
+TEST_CASE("append with mRoPE: the plan is that of ordinary positions", "[gpu][append][mrope]") {
+  for (const int64_t tokens : {int64_t{1}, int64_t{37}, int64_t{detail::kAppendTokenMaxTokens + 1}}) {
+    AppendConfig c;
+    c.tokens = tokens;
+    c.heads = 4;
+    c.query_heads = 16;
+    c.head_dim = 128;
+    AppendProblem<__nv_bfloat16, __nv_bfloat16, int64_t> plain(c);
+    set_mrope(c, kMropeShapes[1], true);
+    AppendProblem<__nv_bfloat16, __nv_bfloat16, int64_t> mrope(c);
+    AppendPlan a, b;
+    REQUIRE((AppendLaunchers<__nv_bfloat16, __nv_bfloat16, int64_t>::plan(plain.params, &a).ok()));
+    REQUIRE((AppendLaunchers<__nv_bfloat16, __nv_bfloat16, int64_t>::plan(mrope.params, &b).ok()));
+    CHECK(a.path == b.path);
+    CHECK(a.grid == b.grid);
+    CHECK(a.block == b.block);
+    CHECK(a.shared_bytes == b.shared_bytes);
+    CHECK(a.tile_tokens == b.tile_tokens);
+    CHECK(b.path == (tokens <= detail::kAppendTokenMaxTokens ? AppendPath::kToken : AppendPath::kTile));
+    mrope.run_and_check();
   }
 }
 

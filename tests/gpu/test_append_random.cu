@@ -1,6 +1,6 @@
 // Randomized differential test of the append (docs/spec.md §6): random configurations drawing every option
 // (element, cache and position types, head dim, rotary dim and style, sizes, q and k outputs, norms, cache
-// layouts and strides, a fused qkv buffer, slot and position patterns, scales, misalignment) checked
+// layouts and strides, a fused qkv buffer, slot and position patterns, scales, misalignment, mRoPE) checked
 // against the float64 reference. Seeded and reproducible: every failure prints its configuration and the
 // run's seed.
 //
@@ -77,6 +77,21 @@ Draw draw(std::mt19937_64& rng, uint64_t seed) {
   if (d.cache != 0) {
     c.scales = static_cast<Scales>(uniform(0, 2));
     if (uniform(0, 5) == 0) c.scale_magnitude = uniform(0, 1) ? 0.003f : 50.0f;  // saturation, subnormals
+  }
+  if (uniform(0, 3) == 0) {
+    // mRoPE: three sections of the R/2 pairs (Qwen's proportions, or any), contiguous or interleaved, and a
+    // stream stride of T, more, or 0 (one stream read as all three).
+    const int64_t pairs = (c.rotary_dim == 0 ? c.head_dim : c.rotary_dim) / 2;
+    if (uniform(0, 1) == 0) {
+      c.mrope[1] = c.mrope[2] = pairs * 3 / 8;
+    } else {
+      c.mrope[1] = uniform(0, pairs);
+      c.mrope[2] = uniform(0, pairs - c.mrope[1]);
+    }
+    c.mrope[0] = pairs - c.mrope[1] - c.mrope[2];
+    c.mrope_interleaved = uniform(0, 1) == 1;
+    const int64_t pad = uniform(0, 5);
+    c.stream_pad = pad == 0 ? -c.tokens : pad == 1 ? 0 : uniform(1, 40);
   }
   c.seed = seed;
   return d;

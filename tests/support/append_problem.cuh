@@ -71,7 +71,12 @@ struct AppendConfig {
   Scales scales = Scales::kNone;
   float scale_magnitude = 1.0f;  // scales drawn in [0.3, 3] times this (small: fp8 saturates)
   bool pdl = false;              // enable_pdl: a programmatic dependent launch
+  int64_t mrope[3] = {0, 0, 0};  // mRoPE sections (all zero: none): positions [3, T], three streams
+  bool mrope_interleaved = false;
+  int64_t stream_pad = 0;  // mRoPE: the stream stride is T + stream_pad (-T: 0, one stream read as all three)
   uint64_t seed = 1;
+
+  bool has_mrope() const { return mrope[0] != 0 || mrope[1] != 0 || mrope[2] != 0; }
 
   std::string describe() const {
     std::ostringstream os;
@@ -86,7 +91,11 @@ struct AppendConfig {
        << " " << name(key) << (q_norm ? " q_norm" : "") << (k_norm ? " k_norm" : "") << (plus_one ? " plus_one" : "")
        << " eps=" << eps << (table_f32 ? " table_f32" : " table_T") << " slots=" << name(slots)
        << (bad_positions ? " bad_positions" : "") << " offset=" << offset << " token_pad=" << token_pad << " "
-       << name(scales) << "x" << scale_magnitude << (pdl ? " pdl" : "") << " seed=" << seed;
+       << name(scales) << "x" << scale_magnitude << (pdl ? " pdl" : "");
+    if (has_mrope())
+      os << " mrope=" << mrope[0] << "," << mrope[1] << "," << mrope[2]
+         << (mrope_interleaved ? " interleaved" : " contiguous") << " stream_stride=" << tokens + stream_pad;
+    os << " seed=" << seed;
     return os.str();
   }
 };
@@ -156,6 +165,27 @@ inline SlotPlan plan_slots(const AppendConfig& c, std::mt19937_64& rng) {
     for (int64_t t = 0; t < T; ++t)
       if (t % 6 == 1) s.positions[t] = t % 4 == 1 ? -1 : t % 4 == 3 ? s.max_position : s.max_position + 1000;
   return s;
+}
+
+//! With mRoPE, positions [3, T] laid out `stride` apart (0: one stream read as all three), gaps holding -3 (a
+//! position out of range: a wrong stride shows). Stream 0 is `s.positions`; streams 1 and 2 hold its value
+//! (a text token) or a random one in range (an image or video token). A token whose stream-0 position is out
+//! of range (bad_positions) moves that value to stream t / 6 % 3 and gets valid ones in the others.
+inline std::vector<int64_t> mrope_positions(const SlotPlan& s, int64_t stride, std::mt19937_64& rng) {
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const int64_t T = static_cast<int64_t>(s.positions.size());
+  if (stride == 0) return s.positions;
+  std::vector<int64_t> out(static_cast<size_t>(2 * stride + T), -3);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t p = s.positions[t];
+    const bool bad = p < 0 || p >= s.max_position;
+    for (int j = 0; j < 3; ++j) {
+      int64_t v = j == 0 || uniform(0, 2) == 0 ? p : uniform(0, s.max_position - 1);
+      if (bad) v = j == t / 6 % 3 ? p : uniform(0, s.max_position - 1);
+      out[j * stride + t] = v;
+    }
+  }
+  return out;
 }
 
 //! Host copies of a problem's buffers (before or after a call).
@@ -229,6 +259,7 @@ struct AppendProblem {
   int64_t token_row(int64_t heads) const { return heads * cfg.head_dim + cfg.token_pad; }
   int64_t qkv_row() const { return token_row(cfg.query_heads + 2 * cfg.heads); }
   int64_t cache_row_len(int64_t pad) const { return cfg.head_dim + pad; }
+  int64_t stream_stride() const { return cfg.has_mrope() ? cfg.tokens + cfg.stream_pad : 0; }
 
   PagedCache<C> cache_view(C* data, CacheKind kind, int64_t pad) const {
     const int64_t row = cache_row_len(pad), P = plan.page_size, H = cfg.heads;
@@ -272,12 +303,14 @@ struct AppendProblem {
       table = DeviceBuffer<T>(table_len);
     if (c.q_norm) q_weight = DeviceBuffer<T>(static_cast<size_t>(o + D));
     if (c.k_norm) k_weight = DeviceBuffer<T>(static_cast<size_t>(o + D));
-    pos = DeviceBuffer<Pos>(static_cast<size_t>(N));
+    const std::vector<int64_t> positions = c.has_mrope() ? mrope_positions(plan, stream_stride(), rng) : plan.positions;
+    host_pos.assign(positions.begin(), positions.end());
+    pos = DeviceBuffer<Pos>(host_pos.size());
     slots = DeviceBuffer<int64_t>(static_cast<size_t>(N));
     flag = DeviceBuffer<int>(1);
-    host_pos.assign(plan.positions.begin(), plan.positions.end());
     if (N) {
-      KVROPE_CUDA_REQUIRE(cudaMemcpy(pos.get(), host_pos.data(), N * sizeof(Pos), cudaMemcpyHostToDevice));
+      KVROPE_CUDA_REQUIRE(
+          cudaMemcpy(pos.get(), host_pos.data(), host_pos.size() * sizeof(Pos), cudaMemcpyHostToDevice));
       KVROPE_CUDA_REQUIRE(cudaMemcpy(slots.get(), plan.slots.data(), N * sizeof(int64_t), cudaMemcpyHostToDevice));
     }
     if constexpr (kIsFp8<C>) {
@@ -344,6 +377,9 @@ struct AppendProblem {
     p.scale_per_head = cfg.scales == Scales::kHead;
     p.error_flag = flag.get();
     p.enable_pdl = cfg.pdl;
+    for (int j = 0; j < 3; ++j) p.mrope_section[j] = cfg.mrope[j];
+    p.mrope_interleaved = cfg.mrope_interleaved;
+    p.position_stream_stride = stream_stride();
     return p;
   }
 
