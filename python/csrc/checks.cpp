@@ -47,12 +47,17 @@ void check_rows(const char* name, const at::Tensor& x, const Like& like, at::Int
   check_last_dim(name, x);
 }
 
-// Positions [S], or also [B, S] where batch > 0.
-void check_positions(const char* name, const at::Tensor& p, const Like& like, int64_t s, int64_t batch = 0) {
+// Positions on `like`'s device, int32 or int64.
+void check_index_type(const char* name, const at::Tensor& p, const Like& like) {
   TORCH_CHECK_VALUE(p.device() == like.x.device(), "kvrope: ", name, " is on ", p.device().str(), ", ", like.name,
                     " on ", like.x.device().str());
   TORCH_CHECK_TYPE(p.scalar_type() == at::kInt || p.scalar_type() == at::kLong, "kvrope: ", name,
                    " must be int32 or int64, not ", dtype_name(p.scalar_type()));
+}
+
+// Positions [S], or also [B, S] where batch > 0.
+void check_positions(const char* name, const at::Tensor& p, const Like& like, int64_t s, int64_t batch = 0) {
+  check_index_type(name, p, like);
   const bool flat = p.dim() == 1 && p.size(0) == s;
   const bool batched = batch > 0 && p.dim() == 2 && p.size(0) == batch && p.size(1) == s;
   TORCH_CHECK_VALUE(flat || batched, "kvrope: ", name, " has shape ", dims(p.sizes()), ", expected [",
@@ -183,6 +188,29 @@ void check_q_scale(const at::Tensor& s, const c10::optional<at::Tensor>& query_o
   TORCH_CHECK_VALUE(s.numel() == 1, "kvrope: q_scale must have one element, got ", dims(s.sizes()));
 }
 
+// The append's positions: [T], or with mrope_section [3, T] (three streams, any stride between them).
+void check_append_positions(const at::Tensor& p, const Like& like, int64_t n, bool mrope) {
+  if (!mrope) {
+    TORCH_CHECK_VALUE(p.dim() != 2 || p.size(0) != 3 || p.size(1) != n, "kvrope: positions has shape ", dims(p.sizes()),
+                      ": multimodal positions [3, T] need mrope_section");
+    return check_positions("positions", p, like, n);
+  }
+  check_index_type("positions", p, like);
+  TORCH_CHECK_VALUE(p.dim() == 2 && p.size(0) == 3 && p.size(1) == n, "kvrope: positions has shape ", dims(p.sizes()),
+                    ", expected [3, ", std::to_string(n), "] with mrope_section");
+  TORCH_CHECK_VALUE(p.numel() == 0 || p.stride(-1) == 1, "kvrope: positions' last dim must be contiguous (stride 1)");
+}
+
+// mrope_section: three non-negative ints summing to R/2, the pairs of the table's R.
+void check_mrope_section(const std::vector<int64_t>& s, int64_t r) {
+  const bool three = s.size() == 3;
+  const bool ok = three && s[0] >= 0 && s[1] >= 0 && s[2] >= 0 && s[0] <= r / 2 && s[1] <= r / 2 && s[2] <= r / 2 &&
+                  s[0] + s[1] + s[2] == r / 2;
+  TORCH_CHECK_VALUE(ok,
+                    "kvrope: mrope_section must be three non-negative ints summing to R/2 = ", std::to_string(r / 2),
+                    " (R = cos_sin_cache.shape[-1]), not ", dims(s));
+}
+
 void check_error_flag(const c10::optional<at::Tensor>& flag, const Like& like) {
   if (!flag.has_value()) return;
   const at::Tensor& f = *flag;
@@ -214,7 +242,9 @@ CacheType check_append(AppendTensors& t) {
     TORCH_CHECK_VALUE(!t.key_in_place, "kvrope: key_in_place and key_out exclude each other");
     check_rows("key_out", *t.key_out, k, token_rows);
   }
-  check_positions("positions", t.positions, k, n);
+  const bool mrope = !t.mrope_section.empty();
+  check_append_positions(t.positions, k, n, mrope);
+  TORCH_CHECK_VALUE(mrope || !t.mrope_interleaved, "kvrope: mrope_interleaved needs mrope_section");
   const at::Tensor& slots = t.slot_mapping;
   check_on_device("slot_mapping", slots, k);
   TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, "kvrope: slot_mapping must be int64, not ",
@@ -223,6 +253,7 @@ CacheType check_append(AppendTensors& t) {
                     ", expected [", std::to_string(n), "]");
   TORCH_CHECK_VALUE(slots.is_contiguous(), "kvrope: slot_mapping must be contiguous");
   const int64_t r = check_table_cache(t.cos_sin_cache, k, d);
+  if (mrope) check_mrope_section(t.mrope_section, r);
   // The caches: [pages, P, H, D] or [slots, H, D], one shape and dtype, strides their own.
   const at::Tensor& kc = t.key_cache;
   TORCH_CHECK_VALUE(kc.dim() == 4 || kc.dim() == 3, "kvrope: key_cache must be [pages, P, H, D] or [slots, H, D], got ",

@@ -7,6 +7,7 @@
 #include <c10/util/Optional.h>
 
 #include <string>
+#include <vector>
 
 namespace kvrope_torch {
 
@@ -36,7 +37,7 @@ struct BackwardTensors {
 //! RMS-normed and rotated (q in place or into query_out, in q's dtype or fp8 e4m3 divided by q_scale; k
 //! into key_out, or in place with key_in_place), RoPE(k) and v written to the caches' rows of
 //! slot_mapping, quantized for fp8 caches. A cache is [pages, P, H, D] by its strides (NHD, or HND as its
-//! transpose(1, 2) view) or flat [slots, H, D].
+//! transpose(1, 2) view) or flat [slots, H, D]. With mrope_section, positions is [3, T] (mRoPE).
 struct AppendTensors {
   c10::optional<at::Tensor> query;
   at::Tensor key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping;
@@ -44,6 +45,9 @@ struct AppendTensors {
       q_scale;
   bool key_in_place = false, norm_weight_plus_one = false;
   bool enable_pdl = false;  // a programmatic dependent launch (kvrope::AppendParams::enable_pdl)
+  // mRoPE: positions [3, T] with three sections (empty: positions [T])
+  std::vector<int64_t> mrope_section;
+  bool mrope_interleaved = false;
   double norm_eps = 1e-6;
   std::string kv_cache_dtype = "auto";
   int64_t rotary_dim = 0, style = 0;

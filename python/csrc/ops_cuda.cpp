@@ -46,11 +46,10 @@ int* flag_ptr(const c10::optional<at::Tensor>& flag) {
 // where the library names it otherwise; a field no argument gives (a size, an output the op allocates)
 // as it is.
 std::string argument_of(const char* field) {
-  static const std::pair<const char*, const char*> renamed[] = {{"query_out_fp8", "query_out"},
-                                                                {"cos_sin_cache_f32", "cos_sin_cache"},
-                                                                {"key_scale", "k_scale"},
-                                                                {"value_scale", "v_scale"},
-                                                                {"query_scale", "q_scale"}};
+  static const std::pair<const char*, const char*> renamed[] = {
+      {"query_out_fp8", "query_out"}, {"cos_sin_cache_f32", "cos_sin_cache"},
+      {"key_scale", "k_scale"},       {"value_scale", "v_scale"},
+      {"query_scale", "q_scale"},     {"position_stream_stride", "positions"}};
   const std::string f(field);
   const size_t dot = f.find('.');
   for (const auto& [library, argument] : renamed)
@@ -199,6 +198,11 @@ void append_typed(const AppendTensors& t, cudaStream_t stream) {
   p.key_in_place = t.key_in_place;
   p.value = token_heads<const T>(t.value);
   p.positions = t.positions.data_ptr<Pos>();
+  if (!t.mrope_section.empty()) {  // positions [3, T] (checks.cpp: three sections, summing to R/2)
+    for (int j = 0; j < 3; ++j) p.mrope_section[j] = t.mrope_section[j];
+    p.mrope_interleaved = t.mrope_interleaved;
+    p.position_stream_stride = t.positions.stride(0);
+  }
   const at::Tensor& table = t.cos_sin_cache;
   if (table.scalar_type() == at::kFloat && !std::is_same_v<T, float>)
     p.cos_sin_cache_f32 = table.data_ptr<float>();

@@ -6,8 +6,9 @@
 // subclass, torch.compile's tracing) the API sends through torch.ops instead.
 //
 // Arguments in the schema's order, all positional: a tensor, None for an absent optional one, an int,
-// a bool, a float, a str; anything else raises TypeError naming the argument. As torch.ops does, a call
-// releases the GIL while the op runs (its Python kernels take it back), and the op's C++ warnings become
+// a bool, a float, a str, a list (or tuple) of ints; anything else raises TypeError naming the argument.
+// As torch.ops does, a call releases the GIL while the op runs (its Python kernels take it back), and the
+// op's C++ warnings become
 // Python warnings before any output is wrapped (a warning that the filters turn into an error then
 // leaks nothing).
 //
@@ -21,6 +22,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "ops.h"
 
@@ -60,6 +62,19 @@ class Args {
     const double v = PyFloat_AsDouble(args_[i]);
     if (v == -1.0 && PyErr_Occurred()) throw python_error();
     return v;
+  }
+  std::vector<int64_t> integers(int i, const char* name) const {  // a list or tuple of ints
+    if (!PyList_Check(args_[i]) && !PyTuple_Check(args_[i])) fail(i, name, "a list of ints");
+    std::vector<int64_t> out;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(args_[i]); ++k) {
+      PyObject* x = PySequence_Fast_GET_ITEM(args_[i], k);
+      if (!PyLong_Check(x) || PyBool_Check(x))
+        throw torch::TypeError(std::string(op_) + ": " + name + " must be a list of ints, not one holding " +
+                               Py_TYPE(x)->tp_name);
+      out.push_back(PyLong_AsLongLong(x));
+      if (out.back() == -1 && PyErr_Occurred()) throw python_error();  // beyond int64: OverflowError
+    }
+    return out;
   }
   std::string text(int i, const char* name) const {
     if (!PyUnicode_Check(args_[i])) fail(i, name, "a str");
@@ -120,7 +135,7 @@ using ForwardInPlaceSig = void(const Tensor&, const Tensor&, const Tensor&, cons
 using AppendSig = void(const Optional&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&, const Tensor&, const Optional&, const Optional&, bool, const Optional&,
                        const Optional&, double, bool, c10::string_view, const Optional&, const Optional&,
-                       const Optional&, int64_t, int64_t, const Optional&, bool);
+                       const Optional&, int64_t, int64_t, const Optional&, bool, c10::IntArrayRef, bool);
 template <typename Out>
 using BackwardSig = Out(const Tensor&, const Tensor&, const Optional&, const Tensor&, const Tensor&, const Tensor&,
                         int64_t, int64_t, bool);
@@ -151,15 +166,17 @@ PyObject* forward_(PyObject*, PyObject* const* args, Py_ssize_t n) {
 PyObject* rope_append_(PyObject*, PyObject* const* args, Py_ssize_t n) {
   HANDLE_TH_ERRORS
   static const auto call = typed_op<AppendSig>("kvrope::rope_append_");
-  const Args a("kvrope.rope_append_", args, n, 23);
+  const Args a("kvrope.rope_append_", args, n, 25);
   const std::string kv_cache_dtype = a.text(15, "kv_cache_dtype");
+  const std::vector<int64_t> mrope_section = a.integers(23, "mrope_section");
   run(call, a.optional(0, "query"), a.tensor(1, "key"), a.tensor(2, "value"), a.tensor(3, "positions"),
       a.tensor(4, "cos_sin_cache"), a.tensor(5, "key_cache"), a.tensor(6, "value_cache"), a.tensor(7, "slot_mapping"),
       a.optional(8, "query_out"), a.optional(9, "key_out"), a.flag(10, "key_in_place"),
       a.optional(11, "query_norm_weight"), a.optional(12, "key_norm_weight"), a.real(13, "norm_eps"),
       a.flag(14, "norm_weight_plus_one"), c10::string_view(kv_cache_dtype), a.optional(16, "k_scale"),
       a.optional(17, "v_scale"), a.optional(18, "error_flag"), a.integer(19, "rotary_dim"), a.integer(20, "style"),
-      a.optional(21, "q_scale"), a.flag(22, "enable_pdl"));
+      a.optional(21, "q_scale"), a.flag(22, "enable_pdl"), c10::IntArrayRef(mrope_section),
+      a.flag(24, "mrope_interleaved"));
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -254,7 +271,7 @@ PyObject* check_backward_any(PyObject*, PyObject* const* args, Py_ssize_t n) {
 // 2 fp8 e5m2), or None where not checked.
 PyObject* check_append_any(PyObject*, PyObject* const* args, Py_ssize_t n) {
   HANDLE_TH_ERRORS
-  const Args a("kvrope.rope_append_", args, n, 22);
+  const Args a("kvrope.rope_append_", args, n, 24);
   AppendTensors t;
   t.query = a.optional(0, "query");
   t.key = a.tensor(1, "key");
@@ -278,6 +295,8 @@ PyObject* check_append_any(PyObject*, PyObject* const* args, Py_ssize_t n) {
   t.rotary_dim = a.integer(19, "rotary_dim");
   t.style = a.integer(20, "style");
   t.q_scale = a.optional(21, "q_scale");
+  t.mrope_section = a.integers(22, "mrope_section");
+  t.mrope_interleaved = a.flag(23, "mrope_interleaved");
   if (symbolic(t.query, t.key, t.value, t.positions, t.cos_sin_cache, t.key_cache, t.value_cache, t.slot_mapping,
                t.query_out, t.key_out, t.query_norm_weight, t.key_norm_weight, t.k_scale, t.v_scale, t.error_flag,
                t.q_scale))

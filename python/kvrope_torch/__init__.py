@@ -7,7 +7,8 @@ Per-token tables are [B, S, R] or [1, S, R] (shared by the batch); R <= D, the r
 through. ``style`` is ``"rotate_half"`` (Llama, Hugging Face) or ``"interleaved"`` (GPT-J).
 The serving forward (``rope_append_``, and ``rotary_embedding_and_cache`` with vLLM's calling convention)
 takes ragged tokens [T, heads, D] and a paged, flat or fp8 KV cache. See python/README.md and docs/spec.md."""
-from typing import Optional, Tuple
+import operator
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch.overrides import has_torch_function
@@ -190,7 +191,8 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
                  k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
                  q_scale: Optional[torch.Tensor] = None, layout: str = "NHD",
                  error_flag: Optional[torch.Tensor] = None, check: bool = False, style: str = "rotate_half",
-                 enable_pdl: bool = False) -> None:
+                 enable_pdl: bool = False, mrope_section: Optional[Sequence[int]] = None,
+                 mrope_interleaved: bool = False) -> None:
     """The serving forward, in place, in one launch (docs/spec.md section 6).
 
     q [T, Hq, D] (or None) and k [T, H, D], optionally RMS-normed per head (``*_norm_weight`` [D];
@@ -216,7 +218,14 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
     allocates nothing. No autograd: in grad mode an input that requires grad is refused. ``enable_pdl``
     (CUDA, sm_90+): a programmatic dependent launch, which may start while the kernel before it in the
     stream (the QKV projection) finishes and waits for its writes before reading (kvrope's
-    AppendParams::enable_pdl)."""
+    AppendParams::enable_pdl).
+
+    Multimodal positions (mRoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL; vLLM's MRotaryEmbedding): with
+    ``mrope_section=[s0, s1, s2]`` (summing to R/2) ``positions`` is [3, T], the temporal, height and width
+    streams (any stride between them), and pair i takes its angle from the row of the position of its
+    stream: contiguous sections, stream 0 for i < s0, 1 for i < s0 + s1, else 2; with ``mrope_interleaved``
+    (Qwen3-VL), stream 1 where i % 3 == 1 and i < 3 s1, 2 where i % 3 == 2 and i < 3 s2, else 0. A token
+    with any of its three positions out of range writes nothing."""
     _refuse_grad("rope_append_", query=query, key=key, value=value, cos_sin_cache=cos_sin_cache,
                  key_cache=key_cache, value_cache=value_cache, query_norm_weight=query_norm_weight,
                  key_norm_weight=key_norm_weight)
@@ -233,9 +242,19 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
     _call(_APPEND, query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
           key_out, bool(key_in_place), query_norm_weight, key_norm_weight, float(norm_eps),
           bool(norm_weight_plus_one), kv_cache_dtype, k_scale, v_scale, error_flag, 0, _style(style), q_scale,
-          bool(enable_pdl))
+          bool(enable_pdl), _mrope_section(mrope_section), bool(mrope_interleaved))
     if check:
         _raise_on_flag(error_flag, cos_sin_cache.shape[0], key_cache)
+
+
+def _mrope_section(section: Optional[Sequence[int]]) -> list:
+    """mrope_section as the op takes it: a list of ints, empty for None (no mRoPE)."""
+    if section is None:
+        return []
+    try:
+        return [operator.index(s) for s in section]
+    except TypeError:
+        raise TypeError(f"kvrope: mrope_section must be a sequence of ints, not {section!r}") from None
 
 
 @torch.compiler.disable  # reads a device value: eager, a graph break under torch.compile (refused with fullgraph)
@@ -270,7 +289,8 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
                                kv_cache_dtype: str = "auto", k_scale: Optional[torch.Tensor] = None,
                                v_scale: Optional[torch.Tensor] = None, head_size: Optional[int] = None, *,
                                error_flag: Optional[torch.Tensor] = None, query_out: Optional[torch.Tensor] = None,
-                               q_scale: Optional[torch.Tensor] = None, enable_pdl: bool = False) -> None:
+                               q_scale: Optional[torch.Tensor] = None, enable_pdl: bool = False,
+                               mrope_section: Optional[Sequence[int]] = None, mrope_interleaved: bool = False) -> None:
     """vLLM's ``rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)`` followed by
     ``reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
     v_scale)``, in one launch: query and key rotated in place, RoPE(k) and v written to the caches.
@@ -287,13 +307,18 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
     Beyond vLLM's two calls: ``query_out`` (shaped as query) gets RoPE(q) instead of query itself, in
     query's dtype or in torch.float8_e4m3fn for fp8 attention (fp8_satfinite(x / q_scale), ``q_scale``
     float32 of one element, None: 1; as ``rope_append_``). Unlike k_scale, a q_scale without an fp8
-    query_out is refused: no vLLM call passes it. ``enable_pdl``: as ``rope_append_``'s."""
+    query_out is refused: no vLLM call passes it. ``enable_pdl``: as ``rope_append_``'s.
+
+    mRoPE (vLLM's MRotaryEmbedding): with ``mrope_section`` (and ``mrope_interleaved``, as ``rope_append_``
+    takes them) positions is [3, T], one stream of T tokens a row; slot_mapping shorter than T keeps the
+    first tokens of each stream."""
     d = int(head_size) if head_size is not None else key_cache.shape[-1]
     if d != key_cache.shape[-1]:  # (else a later check, of the tables or of q, would be blamed)
         raise ValueError(f"kvrope: head_size {d} differs from the caches' D = {key_cache.shape[-1]}")
-    positions = positions.flatten()
+    sections = _mrope_section(mrope_section)
+    positions = positions if sections else positions.flatten()  # mRoPE: [3, T] as given (the op checks it)
     slots = slot_mapping.flatten()
-    tokens, n = positions.shape[0], slots.shape[0]
+    tokens, n = positions.shape[-1], slots.shape[0]
     q = _token_heads("query", query, tokens, d)
     k = _token_heads("key", key, tokens, d)
     v = _token_heads("value", value, tokens, d)
@@ -301,10 +326,10 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
     if n > tokens:
         raise ValueError(f"kvrope: slot_mapping has {n} tokens, positions {tokens}")
     if n < tokens:
-        q, k, v, positions = q[:n], k[:n], v[:n], positions[:n]
+        q, k, v, positions = q[:n], k[:n], v[:n], positions[..., :n]
         q_out = None if q_out is None else q_out[:n]
     if key_cache.dtype not in _FP8_CACHE_DTYPES:  # (the op checks the caches' dtype and kv_cache_dtype)
         k_scale = v_scale = None
     _call(_APPEND, q, k, v, positions, cos_sin_cache, key_cache, value_cache, slots, q_out, None, True, None, None,
           1e-6, False, kv_cache_dtype, k_scale, v_scale, error_flag, 0, ROTATE_HALF if is_neox else INTERLEAVED,
-          q_scale, bool(enable_pdl))
+          q_scale, bool(enable_pdl), sections, bool(mrope_interleaved))

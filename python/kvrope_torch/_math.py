@@ -85,6 +85,31 @@ def tables_from_cache(cos_sin_cache: torch.Tensor, position_ids: torch.Tensor, b
     return rows[..., pair], rows[..., r // 2 + pair], ok
 
 
+def mrope_streams(section, interleaved: bool, pairs: int) -> torch.Tensor:
+    """mRoPE (docs/spec.md section 6.2): the stream of positions [3, T] each of the R/2 pairs takes its angle
+    from. Contiguous sections: 0 below s0, 1 below s0 + s1, else 2; interleaved (Qwen3-VL): 1 where
+    i % 3 == 1 and i < 3 s1, 2 where i % 3 == 2 and i < 3 s2, else 0."""
+    i = torch.arange(pairs)
+    if interleaved:
+        height = (i % 3 == 1) & (i < 3 * section[1])
+        width = (i % 3 == 2) & (i < 3 * section[2])
+        return torch.where(height, 1, torch.where(width, 2, 0))
+    return (i >= section[0]).long() + (i >= section[0] + section[1]).long()
+
+
+def mrope_tables_from_cache(cos_sin_cache: torch.Tensor, positions: torch.Tensor, section, interleaved: bool,
+                            style: int, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token tables [1, T, R] from a table cache and positions [3, T] (mRoPE): each pair's angle from
+    the row of its stream's position; and whether all three positions of each token are in range ([1, T])."""
+    r = cos_sin_cache.shape[-1]
+    cos, sin, ok = tables_from_cache(cos_sin_cache, positions, 3, style, dtype)  # [3, T, R]: a row a stream
+    e = torch.arange(r)
+    pair = e % (r // 2) if style == ROTATE_HALF else e // 2
+    stream = mrope_streams(section, interleaved, r // 2)[pair].to(cos.device)
+    index = stream[None, None, :].expand(1, cos.shape[1], r)
+    return cos.gather(0, index), sin.gather(0, index), ok.all(0, keepdim=True)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, plus_one: bool) -> torch.Tensor:
     """Per-head RMSNorm over the last dim (compute dtype): x rsqrt(mean(x^2) + eps) w, w -> 1 + w if plus_one."""
     w = weight + 1 if plus_one else weight

@@ -120,16 +120,20 @@ def _fp8_bytes(rows, scale, fmt, ct):
 def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out=None,
                 key_out=None, key_in_place=False, query_norm_weight=None, key_norm_weight=None, norm_eps=1e-6,
                 norm_weight_plus_one=False, kv_cache_dtype="auto", k_scale=None, v_scale=None, error_flag=None,
-                rotary_dim=0, style=0, q_scale=None, enable_pdl=False):
+                rotary_dim=0, style=0, q_scale=None, enable_pdl=False, mrope_section=(), mrope_interleaved=False):
     """The serving forward (docs/spec.md section 6). A token whose position is out of range writes nothing;
     a negative or out-of-range slot writes no cache row; the last token naming a slot wins. A float8_e4m3fn
     query_out gets RoPE(q) quantized as the fp8 caches are (one formula: _fp8_bytes)."""
     fmt = _CACHE_FORMATS[_C.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache,
                                          slot_mapping, query_out, key_out, key_in_place, query_norm_weight,
                                          key_norm_weight, norm_eps, norm_weight_plus_one, kv_cache_dtype, k_scale,
-                                         v_scale, error_flag, rotary_dim, style, q_scale)]
+                                         v_scale, error_flag, rotary_dim, style, q_scale, list(mrope_section),
+                                         mrope_interleaved)]
     ct = m.compute_dtype(key.dtype)
-    cos, sin, ok = m.tables_from_cache(cos_sin_cache, positions, 1, style, ct)  # [1, T, R], [1, T]
+    if mrope_section:  # positions [3, T]
+        cos, sin, ok = m.mrope_tables_from_cache(cos_sin_cache, positions, mrope_section, mrope_interleaved, style, ct)
+    else:
+        cos, sin, ok = m.tables_from_cache(cos_sin_cache, positions, 1, style, ct)  # [1, T, R], [1, T]
     ok = ok[0]
     keep = ok[:, None, None]
 
@@ -190,10 +194,11 @@ def _forward_inplace_fake(key_states, value_states, key_cache, value_cache, cach
 def _append_fake(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out=None,
                  key_out=None, key_in_place=False, query_norm_weight=None, key_norm_weight=None, norm_eps=1e-6,
                  norm_weight_plus_one=False, kv_cache_dtype="auto", k_scale=None, v_scale=None, error_flag=None,
-                 rotary_dim=0, style=0, q_scale=None, enable_pdl=False):
+                 rotary_dim=0, style=0, q_scale=None, enable_pdl=False, mrope_section=(), mrope_interleaved=False):
     _C.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
                     key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps, norm_weight_plus_one,
-                    kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style, q_scale)
+                    kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style, q_scale, list(mrope_section),
+                    mrope_interleaved)
     return None
 
 

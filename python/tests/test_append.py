@@ -1,7 +1,8 @@
 """kvrope::rope_append_ (the serving forward, docs/spec.md section 6) and the vLLM-style
 rotary_embedding_and_cache against a float64 reference written here from the definition: per-head
-RMSNorm, RoPE of pairs (i, i + R/2) or (2i, 2i + 1) from a table cache, the paged scatter (last writer
-wins), fp8 quantization as fp8_satfinite(float(x_T) / scale). CPU tests run everywhere; CUDA tests are
+RMSNorm, RoPE of pairs (i, i + R/2) or (2i, 2i + 1) from a table cache (with mRoPE, each pair's angle
+from the row of its stream's position), the paged scatter (last writer wins), fp8 quantization as
+fp8_satfinite(float(x_T) / scale). CPU tests run everywhere; CUDA tests are
 skipped without a device."""
 import random
 from dataclasses import dataclass, field, replace
@@ -45,6 +46,24 @@ def ref_rope(x, cos_sin_cache, positions, style, r):
     mag[..., first] = a.abs() * c.abs() + b.abs() * s.abs()
     mag[..., second] = b.abs() * c.abs() + a.abs() * s.abs()
     return out, mag
+
+
+def mrope_rows(cos_sin_cache, positions, r, sections, interleaved):
+    """mRoPE: each token's table row [T, R] (cos | sin) from positions [3, T], written pair by pair: pair i
+    from the row of stream 1 where i % 3 == 1 and i < 3 s1, of stream 2 where i % 3 == 2 and i < 3 s2
+    (interleaved), or of the stream whose section holds it (contiguous: s0 pairs, then s1, then s2)."""
+    s0, s1, s2 = sections
+    table = cos_sin_cache.double()
+    rows = [table[p.long().clamp(0, table.shape[0] - 1)] for p in positions]
+    out = rows[0].clone()
+    half = r // 2
+    for i in range(half):
+        if interleaved:
+            j = 1 if i % 3 == 1 and i < 3 * s1 else 2 if i % 3 == 2 and i < 3 * s2 else 0
+        else:
+            j = 0 if i < s0 else 1 if i < s0 + s1 else 2
+        out[:, i], out[:, half + i] = rows[j][:, i], rows[j][:, half + i]
+    return out
 
 
 def ulp(x, dtype):
@@ -107,6 +126,16 @@ class Config:
     max_position: int = 40
     seed: int = 0
     extra: dict = field(default_factory=dict)  # kv_cache_dtype: the argument, where not the default
+    mrope: Optional[tuple] = None  # mRoPE: the sections' proportions (scaled to R/2: mrope_sections)
+    mrope_interleaved: bool = False
+    stream_pad: int = 0            # mRoPE: positions [3, T] a view of [3, T + stream_pad]
+
+
+def mrope_sections(cfg: Config):
+    """The call's mrope_section: cfg.mrope's proportions scaled to the R/2 pairs (s0 takes the rest)."""
+    pairs, total = (cfg.rotary_dim or cfg.head_dim) // 2, sum(cfg.mrope)
+    s1, s2 = cfg.mrope[1] * pairs // total, cfg.mrope[2] * pairs // total
+    return [pairs - s1 - s2, s1, s2]
 
 
 def make_inputs(cfg: Config, device):
@@ -133,6 +162,14 @@ def make_inputs(cfg: Config, device):
     positions = torch.randint(0, cfg.max_position, (n,), generator=g)
     if cfg.positions == "out_of_range":
         positions[1], positions[4] = cfg.max_position, -1
+    if cfg.mrope:  # three streams; a third of the tokens text (the three equal); bad positions in streams 1, 2
+        streams = torch.randint(0, cfg.max_position, (3, n + cfg.stream_pad), generator=g)[:, :n]
+        streams[:, ::3] = streams[0, ::3]
+        if cfg.positions == "out_of_range":
+            streams[1, 1], streams[2, 4] = cfg.max_position, -1
+        wide = torch.empty(3, n + cfg.stream_pad, dtype=cfg.pos_dtype, device=device)  # the stride kept on CUDA
+        wide[:, :n] = streams
+        positions = wide[:, :n]
     num_slots = cfg.pages * cfg.page_size if cfg.layout != "flat" else cfg.pages
     slots = torch.randperm(num_slots, generator=g)[:n]
     if cfg.slots == "padded":
@@ -195,6 +232,8 @@ def kvrope_kwargs(cfg: Config, inputs, query_out=None, key_out=None, error_flag=
                                           "norm_eps", "norm_weight_plus_one") if name in inputs}
     kind = "auto" if cfg.cache == "auto" else ("fp8" if cfg.cache == "fp8_e4m3" and cfg.uint8 else cfg.cache)
     kind = cfg.extra.get("kv_cache_dtype", kind)
+    if cfg.mrope:
+        kw.update(mrope_section=mrope_sections(cfg), mrope_interleaved=cfg.mrope_interleaved)
     return dict(kw, query_out=query_out, key_out=key_out, key_in_place=cfg.key == "in_place",
                 kv_cache_dtype=kind, layout="HND" if cfg.layout == "HND" else "NHD", error_flag=error_flag,
                 style=cfg.style, enable_pdl=cfg.extra.get("enable_pdl", False))
@@ -239,8 +278,11 @@ def check_outputs(cfg, before, inputs, query_out, key_out, outs_before, flag, q_
     r = cfg.rotary_dim or d
     positions, slots = before["positions"].long(), before["slot_mapping"]
     ok = (positions >= 0) & (positions < cfg.max_position)
-    keep = ok[:, None, None]
     table = before["cos_sin_cache"]
+    if cfg.mrope:  # positions [3, T]: each token its own row of a table of T rows, composed pair by pair
+        table = mrope_rows(table, positions, r, mrope_sections(cfg), cfg.mrope_interleaved)
+        ok, positions = ok.all(0), torch.arange(cfg.tokens)
+    keep = ok[:, None, None]
 
     def gold(x, weight):
         x = x.double()
@@ -387,6 +429,16 @@ CASES = {
     "fp8_query_norm": Config(query="fp8_out", q_scale=3.0, norm="qk", key="in_place"),
     "fp8_query_and_cache": Config(query="fp8_out", q_scale=0.5, cache="fp8_e4m3", scale="tensor", norm="plus_one",
                                   fused=True, rotary_dim=8, key="in_place", positions="out_of_range"),
+    # mRoPE: positions [3, T] (Qwen2-VL's sections 16, 24, 24 of 64 pairs, in proportion)
+    "mrope": Config(mrope=(2, 3, 3)),
+    "mrope_interleaved": Config(mrope=(3, 5, 5), mrope_interleaved=True, stream_pad=3),
+    "mrope_gptj_partial": Config(mrope=(2, 3, 3), style="interleaved", rotary_dim=8, key="out", stream_pad=1),
+    "mrope_norm_fp8": Config(mrope=(2, 3, 3), mrope_interleaved=True, norm="qk", cache="fp8_e4m3", scale="head",
+                             key="in_place", layout="HND"),
+    "mrope_out_of_range": Config(mrope=(1, 1, 1), positions="out_of_range", query="out", key="in_place",
+                                 pos_dtype=torch.int32),
+    "mrope_fp8_query_fused": Config(mrope=(3, 5, 5), query="fp8_out", q_scale=0.5, fused=True, key="in_place",
+                                    table_fp32=True, slots="repeated"),
 }
 
 
@@ -521,6 +573,9 @@ def test_cuda_random_configurations(seed):
         cfg = replace(cfg, slots="padded")
     if cfg.query and rng.random() < 0.3:  # drawn last: the configurations above are as they were
         cfg = replace(cfg, query="fp8_out", q_scale=rng.choice([None, 0.5, 3.0]))
+    if rng.random() < 0.3:  # mRoPE, drawn after the rest for the same reason
+        cfg = replace(cfg, mrope=rng.choice([(2, 3, 3), (3, 5, 5), (rng.randint(0, 4), rng.randint(0, 4), 1)]),
+                      mrope_interleaved=rng.random() < 0.5, stream_pad=rng.choice([0, 0, 5]))
     run_and_check(cfg, "cuda")
 
 
@@ -651,6 +706,43 @@ def test_rotary_embedding_and_cache_fp8_query_out(device, padded):
     for name, x, y in (("key", given[2], plain[2]), ("key_cache", given[4], plain[4]),
                        ("value_cache", given[5], plain[5])):
         assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_rotary_embedding_and_cache_mrope(device, interleaved, padded):
+    """vLLM's MRotaryEmbedding call: positions [3, T] (a view of wider streams) with Qwen2-VL's sections
+    (16, 24, 24) or Qwen3-VL's interleaved (24, 20, 20) at D = 128; query and key rotated in place with each
+    pair's angle from its stream's row, the caches as the key the call leaves and v; past a short
+    slot_mapping (padding for a graph) the tokens are left as they are."""
+    g = torch.Generator().manual_seed(7)
+    n, hq, h, d, block, blocks = 9, 4, 2, 128, 16, 2
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    sections = [24, 20, 20] if interleaved else [16, 24, 24]
+    angles = torch.arange(60, dtype=torch.float64)[:, None] * (1.0 / 10000 ** (torch.arange(0, d, 2) / d))[None]
+    table = torch.cat((angles.cos(), angles.sin()), -1).to(dt)
+    positions = torch.randint(0, 60, (3, n + 2), generator=g)[:, :n]
+    slots = torch.randperm(block * blocks, generator=g)[:6 if padded else n]
+    query, key = (torch.randn(n, x * d, generator=g).to(dt) for x in (hq, h))
+    value = torch.randn(n, h, d, generator=g).to(dt)
+    key_cache = torch.randn(blocks, block, h, d, generator=g).to(dt)
+    m = slots.numel()
+    rows = mrope_rows(table, positions[:, :m], d, sections, interleaved)  # token t's row: rows[t]
+    gold_q, gold_k, gold_vc = vllm_reference(torch.arange(m), query[:m], key[:m], value[:m], key_cache.clone(), slots,
+                                             rows, True, d)
+    given = [x.to(device) for x in (positions, query, key, value, key_cache, key_cache.clone(), slots, table)]
+    given[0] = torch.zeros(3, n + 2, dtype=torch.int64, device=device)[:, :n].copy_(positions)  # stride n + 2
+    kvrope_torch.rotary_embedding_and_cache(*given, True, mrope_section=sections, mrope_interleaved=interleaved)
+    got_q, got_k = given[1].cpu().reshape(n, hq, d), given[2].cpu().reshape(n, h, d)
+    assert_close("query", got_q[:m], gold_q[0], gold_q[1], dt)
+    assert_close("key", got_k[:m], gold_k[0], gold_k[1], dt)
+    assert torch.equal(got_q[m:], query.reshape(n, hq, d)[m:]), "padding tokens past slot_mapping were touched"
+    kc_ref = key_cache.clone()
+    for t in range(m):
+        kc_ref[int(slots[t]) // block, int(slots[t]) % block] = got_k[t]
+    assert torch.equal(given[4].cpu(), kc_ref), "key_cache"
+    assert torch.equal(given[5].cpu(), gold_vc), "value_cache"
 
 
 def test_rotary_embedding_and_cache_shapes():
@@ -803,7 +895,7 @@ def test_check_option(device):
 # --- torch's contract: opcheck, the fake kernel, torch.compile, versions -----------------------------
 
 OPCHECK_CASES = ["plain", "fused_everything", "fp8_e5m2_uint8", "fp8_e4m3", "fp8_e5m2", "query_out", "no_query", "flat",
-                 "position_out_of_range", "fp8_query_out", "fp8_query_and_cache"]
+                 "position_out_of_range", "fp8_query_out", "fp8_query_and_cache", "mrope", "mrope_out_of_range"]
 
 
 def op_args(cfg, device, dtype):
@@ -860,9 +952,9 @@ def test_api_calls_the_op(device):
     a1, a2 = clones(args), clones(args)
     names = ["query_out", "key_out", "key_in_place", "query_norm_weight", "key_norm_weight", "norm_eps",
              "norm_weight_plus_one", "kv_cache_dtype", "k_scale", "v_scale", "error_flag", "rotary_dim", "style",
-             "q_scale", "enable_pdl"]
+             "q_scale", "enable_pdl", "mrope_section", "mrope_interleaved"]
     rest = [kwargs.get(name, default) for name, default in zip(
-        names, [None, None, False, None, None, 1e-6, False, "auto", None, None, None, 0, 0, None, False])]
+        names, [None, None, False, None, None, 1e-6, False, "auto", None, None, None, 0, 0, None, False, [], False])]
     kvrope_torch._C.rope_append_(*a1, *rest)
     torch.ops.kvrope.rope_append_.default(*a2, **kwargs)
     for x, y in zip(a1, a2):
@@ -876,7 +968,11 @@ def test_api_calls_the_op(device):
         kvrope_torch._C.rope_append_(*args, *rest[:5], "x", *rest[6:])
     with pytest.raises(TypeError, match="kvrope.rope_append_: kv_cache_dtype must be a str, not int"):
         kvrope_torch._C.rope_append_(*args, *rest[:7], 8, *rest[8:])
-    with pytest.raises(TypeError, match="kvrope.rope_append_ takes 23 arguments, not 8"):
+    with pytest.raises(TypeError, match="kvrope.rope_append_: mrope_section must be a list of ints, not int"):
+        kvrope_torch._C.rope_append_(*args, *rest[:15], 3, *rest[16:])
+    with pytest.raises(TypeError, match="kvrope.rope_append_: mrope_section must be a list of ints, not one holding"):
+        kvrope_torch._C.rope_append_(*args, *rest[:15], [1.0, 2, 3], *rest[16:])
+    with pytest.raises(TypeError, match="kvrope.rope_append_ takes 25 arguments, not 8"):
         kvrope_torch._C.rope_append_(*args)
     with pytest.raises(TypeError, match="kvrope.rope_append_: q_scale must be a tensor, not float"):
         kvrope_torch._C.rope_append_(*args, *rest[:13], 1.0, *rest[14:])

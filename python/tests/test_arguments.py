@@ -72,6 +72,17 @@ def fp8_append_call(device):
     return append_call(device, torch.float8_e4m3fn)
 
 
+def mrope_positions(positions):
+    """Three streams of T positions (mRoPE), as a [3, T] view of a wider tensor: a stream stride other than T."""
+    wide = torch.cat((positions, positions[:2]))
+    return torch.stack((wide, wide.flip(0), wide // 2))[:, :positions.shape[0]]
+
+
+def mrope_append_call(device):
+    c = append_call(device)
+    return dict(c, positions=mrope_positions(c["positions"]), mrope_section=[2, 3, 3], mrope_interleaved=True)
+
+
 def vllm_call(device, cache_dtype=torch.float32):
     c = append_call(device, cache_dtype)
     return dict(positions=c["positions"], query=c["query"].flatten(1), key=c["key"].flatten(1), value=c["value"],
@@ -82,6 +93,11 @@ def vllm_call(device, cache_dtype=torch.float32):
 
 def fp8_vllm_call(device):
     return vllm_call(device, torch.float8_e4m3fn)
+
+
+def mrope_vllm_call(device):
+    c = vllm_call(device)
+    return dict(c, positions=mrope_positions(c["positions"]), mrope_section=[2, 3, 3], mrope_interleaved=False)
 
 
 # --- the bad values ------------------------------------------------------------------------------
@@ -227,6 +243,21 @@ CASES = {
         Case("layout", put(layout="NDH"), ValueError, "api"),
         Case("layout", put(layout="HND"), ValueError, "api", call=lambda device: dict(
             append_call(device), key_cache=torch.zeros(PAGES * PAGE, HK, DA, device=device)), label="flat_cache"),
+        # mRoPE: positions [3, T] and mrope_section (three ints summing to R/2 = 8)
+        Case("mrope_section", put(mrope_section=[2, 3, 4]), ValueError, call=mrope_append_call, label="sum"),
+        Case("mrope_section", put(mrope_section=[-1, 5, 4]), ValueError, call=mrope_append_call, label="negative"),
+        Case("mrope_section", put(mrope_section=[4, 4]), ValueError, call=mrope_append_call, label="two"),
+        Case("mrope_section", put(mrope_section="abc"), TypeError, "api", call=mrope_append_call, label="str"),
+        Case("mrope_section", put(mrope_section="abc"), (TypeError, RuntimeError), "op", call=mrope_append_call,
+             label="str_op", ours=False),
+        Case("mrope_interleaved", put(mrope_interleaved=True), ValueError),  # without mrope_section
+        Case("positions", lambda kw: kw.update(positions=mrope_positions(kw["positions"])), ValueError,
+             label="three_streams_without_mrope_section"),
+        Case("positions", edit("positions", lambda x: x[0]), ValueError, call=mrope_append_call, label="mrope_1d"),
+        Case("positions", edit("positions", lambda x: x[:, :-1]), ValueError, call=mrope_append_call,
+             label="mrope_short"),
+        Case("positions", edit("positions", lambda x: x.t().contiguous().t()), ValueError, call=mrope_append_call,
+             label="mrope_last_dim_strided"),
     ],
     "rotary_embedding_and_cache": [
         Case("positions", edit("positions", lambda x: x.float()), TypeError),
@@ -249,6 +280,9 @@ CASES = {
                                                                        device=kw["key"].device)), ValueError),
         Case("query_out", lambda kw: kw.update(query_out=torch.empty_like(kw["query"])[:, :-3]), ValueError),
         Case("q_scale", lambda kw: kw.update(q_scale=torch.ones(1, device=kw["key"].device)), ValueError),
+        Case("mrope_section", put(mrope_section=[1, 1, 1]), ValueError, call=mrope_vllm_call),
+        Case("mrope_interleaved", put(mrope_interleaved=True), ValueError),  # without mrope_section
+        Case("positions", edit("positions", lambda x: x[:2]), ValueError, call=mrope_vllm_call, label="mrope"),
     ],
 }
 CASES["backward_"] = CASES["backward"]
