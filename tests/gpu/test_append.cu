@@ -224,7 +224,7 @@ TEST_CASE("append with mRoPE: cache layouts, a fused qkv buffer, misaligned view
       }
 }
 
-TEST_CASE("append with mRoPE: the plan is that of ordinary positions", "[gpu][append][mrope]") {
+TEST_CASE("append with mRoPE: the tile path at every size, which gives the ordinary results", "[gpu][append][mrope]") {
   for (const int64_t tokens : {int64_t{1}, int64_t{37}, int64_t{detail::kAppendTokenMaxTokens + 1}}) {
     AppendConfig c;
     c.tokens = tokens;
@@ -237,12 +237,9 @@ TEST_CASE("append with mRoPE: the plan is that of ordinary positions", "[gpu][ap
     AppendPlan a, b;
     REQUIRE((AppendLaunchers<__nv_bfloat16, __nv_bfloat16, int64_t>::plan(plain.params, &a).ok()));
     REQUIRE((AppendLaunchers<__nv_bfloat16, __nv_bfloat16, int64_t>::plan(mrope.params, &b).ok()));
-    CHECK(a.path == b.path);
-    CHECK(a.grid == b.grid);
-    CHECK(a.block == b.block);
-    CHECK(a.shared_bytes == b.shared_bytes);
-    CHECK(a.tile_tokens == b.tile_tokens);
-    CHECK(b.path == (tokens <= detail::kAppendTokenMaxTokens ? AppendPath::kToken : AppendPath::kTile));
+    // (the few-token kernel has no per-pair rows: detail/append/plan.cuh, append_path)
+    CHECK(a.path == (tokens <= detail::kAppendTokenMaxTokens ? AppendPath::kToken : AppendPath::kTile));
+    CHECK(b.path == AppendPath::kTile);
     mrope.run_and_check();
   }
 }

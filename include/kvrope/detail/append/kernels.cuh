@@ -31,8 +31,6 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   if (token >= a.tokens) return;  // (the whole warp)
   // The chain's heads first: the position (then the table row), the slot (then the scan of later slots).
   const RawIndex raw_position = load_raw_index(a.positions, a.positions_are_int64, token);
-  RawIndex raw_hw[2];  // mRoPE: streams 1 and 2 (their positions then in hw)
-  load_stream_indices(a, token, raw_hw);
   int64_t slot = a.heads > 0 ? a.slots[token] : -1;
   const int rows_per_warp = 32 / g.lanes;
   const int first = static_cast<int>(warp - static_cast<uint32_t>(token) * g.div_token_warps.divisor) * rows_per_warp;
@@ -44,9 +42,8 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   const AppendRow r = token_row(a, token, 0, j);
   UnitChunks<T, N> x;
   if (active) x = load_chunks<T, N>(row_source(a, r), pl);  // nothing it needs is loaded
-  const CallScales scales = call_scales(a);                 // in flight beside the position, off its chain
-  int64_t hw[2] = {0, 0};
-  const int64_t p = token_position(a, raw_position, raw_hw, hw);
+  const CallScales scales = call_scales<kQ8>(a);            // in flight beside the position, off its chain
+  const int64_t p = checked_position(a, index_value(raw_position, a.positions_are_int64));
   const bool in_range = slot >= 0 && slot < a.num_slots;
   // The warp's rows include a k or v row: whether the slot is this token's to write.
   if (in_range && first + rows_per_warp > a.q_heads && first < per_token && later_names_slot(a, token, slot)) slot = -1;
@@ -59,13 +56,8 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   if (!row_ok) return;  // (whole groups)
   AppendRowContext<T, C> ctx;
   const unsigned char* table = static_cast<const unsigned char*>(a.table) + p * append_table_bytes(a);
-  if (row_context(a, r, table, p < 0 ? -2 : in_range ? slot : -1, scales, ctx)) {
-    if (a.mrope.kind != MropeKind::kNone) {  // each pair's angle from its stream's row (load_row_angles)
-      ctx.stream_table[0] = static_cast<const unsigned char*>(a.table) + hw[0] * append_table_bytes(a);
-      ctx.stream_table[1] = static_cast<const unsigned char*>(a.table) + hw[1] * append_table_bytes(a);
-    }
+  if (row_context(a, r, table, p < 0 ? -2 : in_range ? slot : -1, scales, ctx))
     finish_row<T, C, N, kQ8>(a, g.lanes, ctx, pl, active, x);
-  }
 }
 
 //! The tile path. A block takes tiles (g.tile_tokens consecutive tokens, or a one-token tile's share of
@@ -86,7 +78,7 @@ __global__ void __launch_bounds__(kAppendBlockThreads, kAppendBlocksPerSm)
   const int groups = static_cast<int>(blockDim.x) / lanes;
   const int group = static_cast<int>(threadIdx.x) / lanes;
   const int per_token = static_cast<int>(g.div_rows.divisor);
-  const CallScales scales = call_scales(a);
+  const CallScales scales = call_scales<kQ8>(a);
   for (int64_t tile = blockIdx.x; tile < g.tiles; tile += gridDim.x) {
     const int64_t tokens_tile = tile / g.row_splits;
     const int64_t first = tokens_tile * g.tile_tokens;

@@ -80,10 +80,14 @@ struct CallScales {
   StoreScale q, k, v;
 };
 
-template <typename T, typename C>
+//! (Only the instances that store fp8 compute reciprocals: store_scale's is a subroutine call, whose
+//! convention costs every instance registers.)
+template <bool kQ8, typename T, typename C>
 __device__ __forceinline__ CallScales call_scales(const AppendArgs<T, C>& a) {
   CallScales s;
-  if (a.q_out_fp8.data != nullptr && a.q_scale != nullptr) s.q = store_scale(*a.q_scale);
+  if constexpr (kQ8) {
+    if (a.q_out_fp8.data != nullptr && a.q_scale != nullptr) s.q = store_scale(*a.q_scale);
+  }
   if constexpr (kIsFp8<C>) {
     if (!a.k_cache.per_head) s.k = store_scale(head_scale(a.k_cache, 0));
     if (!a.v_cache.per_head) s.v = store_scale(head_scale(a.v_cache, 0));
@@ -100,10 +104,6 @@ struct AppendRowContext {
   StoreScale scale;            // the scale of what the row stores (fp8 q or cache rows)
   const T* norm;               // the norm weights, or null
   float inv_rms;               // the row's norm factor
-  // mRoPE on the few-token path: the table cache's rows of the token's positions in streams 1 and 2
-  // (`table` is stream 0's); null elsewhere, where `table` holds each pair's angle (the tile path stages
-  // each token's row composed from its three)
-  const unsigned char* stream_table[2];
 };
 
 //! The context of row `r` whose token's table row is at `table` and whose slot to write is `slot` (-1:
@@ -112,7 +112,6 @@ template <typename T, typename C>
 __device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const AppendRow& r, const unsigned char* table,
                                             int64_t slot, const CallScales& scales, AppendRowContext<T, C>& ctx) {
   ctx.r = r;
-  ctx.stream_table[0] = ctx.stream_table[1] = nullptr;
   if (slot == -2) return false;
   ctx.table = table;
   ctx.cache_row = nullptr;
@@ -122,7 +121,9 @@ __device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const App
     const uint64_t page = a.div_page.divmod(static_cast<uint64_t>(slot), offset);
     const CacheRows<C>& cache = r.kind == RowKind::kKey ? a.k_cache : a.v_cache;
     ctx.cache_row = cache.rows.row(static_cast<int64_t>(page), static_cast<int64_t>(offset), r.head);
-    if (kIsFp8<C> && cache.per_head) ctx.scale = store_scale(head_scale(cache, r.head));
+    if constexpr (kIsFp8<C>) {
+      if (cache.per_head) ctx.scale = store_scale(head_scale(cache, r.head));
+    }
   }
   ctx.norm = r.kind == RowKind::kQuery ? a.q_norm : r.kind == RowKind::kKey ? a.k_norm : nullptr;
   ctx.inv_rms = 1.0f;
@@ -191,52 +192,25 @@ __device__ __forceinline__ void load_staged_angles(const E* cs, const E* sn, con
   }
 }
 
-//! A unit's angles from its row's table row of elements E (ctx.table), as load_staged_angles gives them;
-//! with stream rows (mRoPE, few-token path) each pair's from the row of its stream: the unit's angles
-//! from all three rows, each element then picking its pair's.
-template <int N, typename E, typename T, typename C>
-__device__ __forceinline__ void load_row_angles(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
-                                                const UnitPlace& pl, RopeChunk<N>& c, RopeChunk<N>& s) {
-  const int64_t half = a.rotary_dim / 2;
-  const E* t0 = reinterpret_cast<const E*>(ctx.table);
-  load_staged_angles<N>(t0, t0 + half, pl, c, s);
-  if (ctx.stream_table[0] == nullptr) return;
-  const E* t1 = reinterpret_cast<const E*>(ctx.stream_table[0]);
-  const E* t2 = reinterpret_cast<const E*>(ctx.stream_table[1]);
-  RopeChunk<N> c1, s1, c2, s2;
-  load_staged_angles<N>(t1, t1 + half, pl, c1, s1);
-  load_staged_angles<N>(t2, t2 + half, pl, c2, s2);
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    // Element i of the chunks: pair pair_lo + i in both (the pairs span the chunks), or pair_lo + i / 2 and
-    // pair_hi + i / 2 (each chunk holds whole pairs).
-    const int lo = pl.cross ? pl.pair_lo + i : pl.pair_lo + i / 2;
-    const int hi = pl.cross ? lo : pl.pair_hi + i / 2;
-    const int sl = a.mrope.stream(lo), sh = a.mrope.stream(hi);
-    c.lo[i] = sl == 1 ? c1.lo[i] : sl == 2 ? c2.lo[i] : c.lo[i];
-    s.lo[i] = sl == 1 ? s1.lo[i] : sl == 2 ? s2.lo[i] : s.lo[i];
-    c.hi[i] = sh == 1 ? c1.hi[i] : sh == 2 ? c2.hi[i] : c.hi[i];
-    s.hi[i] = sh == 1 ? s1.hi[i] : sh == 2 ? s2.hi[i] : s.hi[i];
-  }
-}
-
 //! A unit's angles from its row's table row (a q or k unit in the rotated part; else left unset).
 template <typename T, typename C, int N>
 __device__ __forceinline__ void load_unit_angles(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
                                                  const UnitPlace& pl, RopeChunk<N>& c, RopeChunk<N>& s) {
   if (ctx.r.kind == RowKind::kValue || !pl.rotated) return;
-  if (a.table_f32)
-    load_row_angles<N, float>(a, ctx, pl, c, s);
-  else
-    load_row_angles<N, T>(a, ctx, pl, c, s);
+  if (a.table_f32) {
+    const float* cs = reinterpret_cast<const float*>(ctx.table);
+    load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
+  } else {
+    const T* cs = reinterpret_cast<const T*>(ctx.table);
+    load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
+  }
 }
 
-//! Normalizes (when asked), rotates by the unit's angles (c, s: load_unit_angles) and rounds one unit of
-//! a q or k row; v rows come out as loaded.
+//! Normalizes (when asked), rotates and rounds one unit of a q or k row; v rows come out as loaded. The
+//! angles load after the norm's weights (loaded first, both would be live at once: more registers).
 template <typename T, typename C, int N>
 __device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
-                                            const UnitPlace& pl, const RopeChunk<N>& c, const RopeChunk<N>& s,
-                                            UnitChunks<T, N>& x) {
+                                            const UnitPlace& pl, UnitChunks<T, N>& x) {
   if (ctx.r.kind == RowKind::kValue || (ctx.norm == nullptr && !pl.rotated)) return;  // bit-exact copy
   RopeChunk<N> f;
   x.lo.to_float(f.lo);
@@ -251,18 +225,13 @@ __device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const App
       f.hi[i] = f.hi[i] * ctx.inv_rms * (wh[i] + a.norm_offset);
     }
   }
-  if (pl.rotated) f = pl.cross ? rope_forward(f, c, s) : rope_forward_interleaved(f, c, s);
+  if (pl.rotated) {
+    RopeChunk<N> c, s;
+    load_unit_angles<T, C, N>(a, ctx, pl, c, s);
+    f = pl.cross ? rope_forward(f, c, s) : rope_forward_interleaved(f, c, s);
+  }
   x.lo = Vec<T, N>::from_float(f.lo);
   x.hi = Vec<T, N>::from_float(f.hi);
-}
-
-//! Loads a unit's angles, then normalizes, rotates and rounds it.
-template <typename T, typename C, int N>
-__device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
-                                            const UnitPlace& pl, UnitChunks<T, N>& x) {
-  RopeChunk<N> c, s;
-  load_unit_angles<T, C, N>(a, ctx, pl, c, s);
-  finish_unit<T, C, N>(a, ctx, pl, c, s, x);
 }
 
 //! Stores a finished unit wherever its row goes, each destination through its type's store path. kQ8:
@@ -290,11 +259,9 @@ __device__ __forceinline__ void store_row_unit(const AppendArgs<T, C>& a, const 
 template <typename T, typename C, int N, bool kQ8>
 __device__ __forceinline__ void finish_row(const AppendArgs<T, C>& a, int lanes, AppendRowContext<T, C>& ctx,
                                            const UnitPlace& pl, bool active, UnitChunks<T, N>& x) {
-  RopeChunk<N> c, s;  // (in flight during the norm's shuffles)
-  if (active) load_unit_angles<T, C, N>(a, ctx, pl, c, s);
   if (ctx.norm != nullptr) ctx.inv_rms = row_inv_rms(a, group_sum(active ? unit_square_sum(x) : 0.0f, lanes));
   if (active) {
-    finish_unit<T, C, N>(a, ctx, pl, c, s, x);
+    finish_unit<T, C, N>(a, ctx, pl, x);
     store_row_unit<T, C, N, kQ8>(a, ctx, pl, x);
   }
 }

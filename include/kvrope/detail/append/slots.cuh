@@ -33,25 +33,6 @@ __device__ __forceinline__ int64_t append_position(const AppendArgs<T, C>& a, in
   return h < 0 || w < 0 ? -1 : p;
 }
 
-//! mRoPE: token t's raw indices in streams 1 and 2 (loaded early, beside stream 0's; untouched without mRoPE).
-template <typename T, typename C>
-__device__ __forceinline__ void load_stream_indices(const AppendArgs<T, C>& a, int64_t t, RawIndex (&raw)[2]) {
-  if (a.mrope.kind == MropeKind::kNone) return;
-  for (int j = 0; j < 2; ++j)
-    raw[j] = load_raw_index(a.positions, a.positions_are_int64, t + (j + 1) * a.position_stream_stride);
-}
-
-//! The token's position from its raw stream-0 index, or -1 when it is out of range; with mRoPE also -1
-//! when a position of streams 1 and 2 (raw, load_stream_indices) is, and those two go to hw.
-template <typename T, typename C>
-__device__ __forceinline__ int64_t token_position(const AppendArgs<T, C>& a, const RawIndex& raw0,
-                                                  const RawIndex (&raw)[2], int64_t (&hw)[2]) {
-  const int64_t p = checked_position(a, index_value(raw0, a.positions_are_int64));
-  if (a.mrope.kind == MropeKind::kNone) return p;
-  for (int j = 0; j < 2; ++j) hw[j] = checked_position(a, index_value(raw[j], a.positions_are_int64));
-  return hw[0] < 0 || hw[1] < 0 ? -1 : p;
-}
-
 //! Calls f(s, u) for each token u = first, first + stride, ... below a.tokens, with its slot s: a thread
 //! loads kAppendSlotLoads slots a round, all in flight before any is used.
 template <typename T, typename C, typename F>
@@ -74,7 +55,8 @@ template <typename T, typename C>
 __device__ __forceinline__ bool later_names_slot(const AppendArgs<T, C>& a, int64_t token, int64_t slot) {
   bool found = false;
   for_later_slots(a, token + 1 + (threadIdx.x & 31), 32, [&](int64_t s, int64_t u) {
-    if (s == slot && append_position(a, u) >= 0) found = true;
+    // (ordinary positions: mRoPE calls take the tile path, append_path)
+    if (s == slot && checked_position(a, stream_position(a, u, 0)) >= 0) found = true;
   });
   return __any_sync(0xffffffffu, found);
 }
