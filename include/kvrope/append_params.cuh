@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/dtype.cuh"  // kIsFp8
 #include "core/rotary.cuh"
 #include "error_flag.cuh"
 
@@ -69,8 +70,6 @@ PagedCache<C> hnd_pages(C* data, int64_t page_size, int64_t heads, int64_t head_
 template <typename T, typename C>
 inline constexpr bool kIsCacheTypeFor =
     std::is_same_v<C, T> || std::is_same_v<C, __nv_fp8_e4m3> || std::is_same_v<C, __nv_fp8_e5m2>;
-template <typename C>
-inline constexpr bool kIsFp8 = std::is_same_v<C, __nv_fp8_e4m3> || std::is_same_v<C, __nv_fp8_e5m2>;
 
 //! The serving forward: for each of `tokens` tokens, q (Hq heads) and k (H heads) optionally RMS-normed
 //! per head, rotated (RoPE, table cache indexed by positions), q written in place or to query_out, k

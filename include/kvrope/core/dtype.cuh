@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <type_traits>
 
@@ -12,6 +13,10 @@ namespace kvrope {
 template <typename T>
 inline constexpr bool kIsSupportedType =
     std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half> || std::is_same_v<T, float>;
+
+//! True for the fp8 element types (caches and fp8 outputs: quantized on write).
+template <typename C>
+inline constexpr bool kIsFp8 = std::is_same_v<C, __nv_fp8_e4m3> || std::is_same_v<C, __nv_fp8_e5m2>;
 
 __host__ __device__ inline float to_float(float x) { return x; }
 __host__ __device__ inline float to_float(__half x) { return __half2float(x); }

@@ -1,9 +1,8 @@
 // The float64 CPU reference of the append op (the serving forward, docs/spec.md §6: ragged tokens' q and k
 // optionally RMS-normed and rotated, RoPE(k) and v appended to paged caches in T or fp8): every output of a call
-// computed from host copies of its inputs (cpu_append), the per-row pieces it is made of (gold_row, slot_writers,
-// the expected error flag), and an fp8 encoder written from the formats' definition (what an fp8 cache stores),
-// to check a port or an integration against. Each computed value comes with the sum of |products| the tolerance
-// of §1.7 needs (Gold).
+// computed from host copies of its inputs (cpu_append), and the per-row pieces it is made of (gold_row,
+// slot_writers, the expected error flag), to check a port or an integration against; the fp8 encoder is
+// common.hpp's. Each computed value comes with the sum of |products| the tolerance of §1.7 needs (Gold).
 #pragma once
 
 #include <algorithm>
@@ -20,101 +19,6 @@
 #include "common.hpp"
 
 namespace kvrope::reference {
-
-// ---------------------------------------------------------------------------------------------------
-// fp8 (OCP 8-bit floating point: E4M3 of "fn" flavour, E5M2), from the formats' definition.
-//   E4M3: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinity; S.1111.111 is NaN, so the
-//         largest finite value is S.1111.110 = 1.75 * 2^8 = 448. Subnormals m * 2^-9, m = 1..7.
-//   E5M2: 1 sign, 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like: exponent 31 is Inf / NaN,
-//         the largest finite value is 1.75 * 2^15 = 57344. Subnormals m * 2^-16, m = 1..3.
-// ---------------------------------------------------------------------------------------------------
-
-enum class Fp8Format { kE4M3, kE5M2 };
-
-//! The shape of an fp8 format.
-struct Fp8Spec {
-  int mantissa_bits;
-  int bias;
-  double max_finite;
-};
-
-constexpr Fp8Spec fp8_spec(Fp8Format f) {
-  return f == Fp8Format::kE4M3 ? Fp8Spec{3, 7, 448.0} : Fp8Spec{2, 15, 57344.0};
-}
-
-template <typename C>
-constexpr Fp8Format fp8_format_of() {
-  static_assert(kIsFp8<C>, "C must be __nv_fp8_e4m3 or __nv_fp8_e5m2");
-  return std::is_same_v<C, __nv_fp8_e4m3> ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
-}
-
-//! Encodes x in fp8 with round-to-nearest-even and saturation to the largest finite value (satfinite:
-//! values beyond it, infinities included, become +-max). NaN becomes 0x7F (the canonical NaN the
-//! hardware's cvt.rn.satfinite and CUDA's host conversion give). The sign of zero is kept.
-inline uint8_t fp8_encode(float x, Fp8Format f) {
-  if (std::isnan(x)) return 0x7F;
-  const Fp8Spec s = fp8_spec(f);
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  const double a = std::fabs(static_cast<double>(x));  // exact
-  const int min_normal_exp = 1 - s.bias;
-  // The quantum (spacing of the format) at a: 2^(e - m) in a normal binade, 2^(1 - bias - m) below.
-  const int e = a >= std::ldexp(1.0, min_normal_exp) ? std::ilogb(a) : min_normal_exp;
-  const double quantum = std::ldexp(1.0, e - s.mantissa_bits);
-  double v = 0.0;
-  if (std::isinf(a)) {
-    v = s.max_finite;
-  } else {
-    const double m = a / quantum;  // exact: a power-of-two scaling of a value with 24 significant bits
-    double r = std::floor(m);
-    const double frac = m - r;
-    if (frac > 0.5 || (frac == 0.5 && std::fmod(r, 2.0) != 0.0)) r += 1.0;  // to nearest, ties to even
-    v = std::min(r * quantum, s.max_finite);                                // satfinite
-  }
-  if (v == 0.0) return sign;
-  const int ve = std::max(std::ilogb(v), min_normal_exp);
-  const int exponent_field = v >= std::ldexp(1.0, min_normal_exp) ? ve + s.bias : 0;
-  // Normal: v = (1 + mantissa / 2^m) 2^ve; subnormal: v = mantissa 2^(1 - bias - m).
-  const double significand = std::ldexp(v, s.mantissa_bits - ve);
-  const int mantissa_field = static_cast<int>(significand) - (exponent_field ? (1 << s.mantissa_bits) : 0);
-  return static_cast<uint8_t>(sign | (exponent_field << s.mantissa_bits) | mantissa_field);
-}
-
-//! The value of an fp8 code (NaN for the NaN codes, +-Inf for E5M2's infinities).
-inline double fp8_decode(uint8_t bits, Fp8Format f) {
-  const Fp8Spec s = fp8_spec(f);
-  const int mantissa_field = bits & ((1 << s.mantissa_bits) - 1);
-  const int exponent_field = (bits & 0x7F) >> s.mantissa_bits;
-  const double sign = (bits & 0x80) ? -1.0 : 1.0;
-  const int all_ones = (1 << (7 - s.mantissa_bits)) - 1;
-  if (f == Fp8Format::kE4M3 && exponent_field == all_ones && mantissa_field == (1 << s.mantissa_bits) - 1)
-    return std::nan("");
-  if (f == Fp8Format::kE5M2 && exponent_field == all_ones) return mantissa_field ? std::nan("") : sign * HUGE_VAL;
-  if (exponent_field == 0) return sign * std::ldexp(mantissa_field, 1 - s.bias - s.mantissa_bits);
-  return sign * std::ldexp((1 << s.mantissa_bits) + mantissa_field, exponent_field - s.bias - s.mantissa_bits);
-}
-
-//! The code of an fp8 element.
-template <typename C>
-uint8_t fp8_bits(const C& c) {
-  static_assert(sizeof(C) == 1, "an fp8 type");
-  uint8_t b;
-  std::memcpy(&b, &c, 1);
-  return b;
-}
-
-//! What a cache of fp8 type C stores for a value x in T (docs/spec.md §6): fp8_satfinite(x / scale),
-//! the quotient float(x) / scale taken in fp32 (IEEE division, one rounding), then encoded.
-template <typename C, typename T>
-uint8_t quantize(T x, float scale) {
-  const volatile float q = to_float(x) / scale;  // volatile: one fp32 rounding, whatever the host flags
-  return fp8_encode(q, fp8_format_of<C>());
-}
-
-//! The scale of head h: null means 1, else one float, or one a head with per_head.
-inline float scale_of(const float* scale, bool per_head, int64_t h) {
-  if (scale == nullptr) return 1.0f;
-  return per_head ? scale[h] : scale[0];
-}
 
 // ---------------------------------------------------------------------------------------------------
 // The op.
@@ -170,32 +74,15 @@ int64_t num_slots(const AppendParams<T, C, Pos>& p) {
   return p.num_pages * p.page_size;
 }
 
-//! The error flag's bits a call may leave: `required` ones it must set, and no bit outside `allowed`.
-//! A token whose position is outside [0, max_position) must set kErrorPositionIdOutOfRange; a valid
-//! token whose slot is at or above num_pages * P must set kErrorSlotOutOfRange. An invalid token with
-//! such a slot may set kErrorSlotOutOfRange or not (the header leaves open whether its slot is read).
-//! A call with no head rows (H + Hq = 0) reads nothing and sets nothing.
-struct AppendFlag {
-  int required = 0;
-  int allowed = 0;
-  bool accepts(int flag) const { return (flag & required) == required && (flag & ~allowed) == 0; }
-};
-
+//! The error flag of the append (detail::slots_flag): a token whose position (with mRoPE, any of its three)
+//! is outside [0, max_position) must set kErrorPositionIdOutOfRange; a valid token whose slot is at or above
+//! num_pages * P must set kErrorSlotOutOfRange. A call with no head rows (H + Hq = 0) reads nothing and sets
+//! nothing; slot_mapping is read only with KV heads.
 template <typename T, typename C, typename Pos>
 AppendFlag expected_append_flag(const AppendParams<T, C, Pos>& p) {
-  AppendFlag f;
-  if (p.heads + p.query_heads <= 0) return f;
-  const int64_t slots = num_slots(p);
-  for (int64_t t = 0; t < p.tokens; ++t) {
-    const bool valid = append_token_valid(p, t);
-    if (!valid) f.required |= kErrorPositionIdOutOfRange;
-    if (p.heads > 0 && p.slot_mapping[t] >= slots) {  // (slot_mapping is required only with KV heads)
-      f.allowed |= kErrorSlotOutOfRange;
-      if (valid) f.required |= kErrorSlotOutOfRange;
-    }
-  }
-  f.allowed |= f.required;
-  return f;
+  if (p.heads + p.query_heads <= 0) return {};
+  return detail::slots_flag(p.tokens, p.heads > 0 ? p.slot_mapping : nullptr, num_slots(p),
+                            [&](int64_t t) { return append_token_valid(p, t); });
 }
 
 //! For each slot of [0, num_pages * P), the token whose k and v rows it holds after the call, or -1:
@@ -203,12 +90,8 @@ AppendFlag expected_append_flag(const AppendParams<T, C, Pos>& p) {
 //! not count). Negative and out-of-range slots name no slot.
 template <typename T, typename C, typename Pos>
 std::vector<int64_t> slot_writers(const AppendParams<T, C, Pos>& p) {
-  std::vector<int64_t> writer(static_cast<size_t>(std::max<int64_t>(num_slots(p), 0)), -1);
-  for (int64_t t = 0; t < p.tokens && p.heads > 0; ++t) {
-    const int64_t s = p.slot_mapping[t];
-    if (s >= 0 && s < num_slots(p) && append_token_valid(p, t)) writer[static_cast<size_t>(s)] = t;
-  }
-  return writer;
+  return detail::last_writers(p.tokens, p.heads > 0 ? p.slot_mapping : nullptr, num_slots(p),
+                              [&](int64_t t) { return append_token_valid(p, t); });
 }
 
 //! The cos and sin element e < R of a token reading table rows `rows` (valid) is rotated with: the table
@@ -217,9 +100,7 @@ template <typename T, typename C, typename Pos>
 Angle append_angle(const AppendParams<T, C, Pos>& p, const TableRows& rows, int64_t e) {
   const int64_t R = rotary_dim_of(p);
   const int64_t c = rotary_pair_index(p.style, R, e);
-  const int64_t row = rows.stream[mrope_stream(p, c)];
-  if (p.cos_sin_cache_f32) return {p.cos_sin_cache_f32[row * R + c], p.cos_sin_cache_f32[row * R + R / 2 + c]};
-  return {detail::at(p.cos_sin_cache + row * R, c), detail::at(p.cos_sin_cache + row * R, R / 2 + c)};
+  return table_angle(p.cos_sin_cache_f32, p.cos_sin_cache, R, rows.stream[mrope_stream(p, c)], c);
 }
 
 //! The factor by which the sum of |products| of a normed output is widened: 2 + D / 16. The kernel's
@@ -255,11 +136,8 @@ void gold_row(const AppendParams<T, C, Pos>& p, const T* x, const T* weight, con
       out[e] = {y[e], std::fabs(y[e]) * widen};
       continue;
     }
-    const Angle a = append_angle(p, rows, e);
-    const double yc = y[e] * a.cos;
-    const double ys = y[rotary_partner(p.style, R, e)] * a.sin;
-    const double abs_sum = std::fabs(yc) + std::fabs(ys);
-    out[e] = {rotary_first(p.style, R, e) ? yc - ys : yc + ys, weight ? abs_sum * widen : abs_sum};
+    const Gold r = rotated_element(p.style, R, y.data(), e, append_angle(p, rows, e));
+    out[e] = {r.value, weight ? r.abs_sum * widen : r.abs_sum};
   }
 }
 
@@ -292,18 +170,6 @@ TokenHeads<const T> key_target(const AppendParams<T, C, Pos>& p) {
   if (p.key_out.data) return p.key_out;
   if (p.key_in_place) return p.key;
   return {};
-}
-template <typename C>
-double cache_value(const C& c) {
-  if constexpr (kIsFp8<C>)
-    return fp8_decode(fp8_bits(c), fp8_format_of<C>());
-  else
-    return to_float(c);
-}
-// A double rounded to T, to nearest (through fp32: exact for the small hand-made cases it serves).
-template <typename T>
-T round_to(double x) {
-  return from_float<T>(static_cast<float>(x));
 }
 }  // namespace detail
 
