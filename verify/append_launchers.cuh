@@ -6,8 +6,8 @@
 
 namespace kvrope::testing {
 
-//! kv_cache_rope_append and plan_append for element type T, cache type C (T, __nv_fp8_e4m3 or
-//! __nv_fp8_e5m2) and position type Pos.
+//! kv_cache_rope_append and plan_append for element type T, cache type C (T, __nv_fp8_e4m3, __nv_fp8_e5m2
+//! or nvfp4_e2m1x2) and position type Pos.
 template <typename T, typename C, typename Pos>
 struct AppendLaunchers {
   static Status append(const AppendParams<T, C, Pos>& p, cudaStream_t stream);

@@ -17,11 +17,13 @@ Status AppendLaunchers<T, C, Pos>::plan(const AppendParams<T, C, Pos>& p, Append
 
 }  // namespace kvrope::testing
 
-//! The launchers of element type T: every cache type (T, fp8 e4m3, fp8 e5m2) and position type.
-#define KVROPE_APPEND_LAUNCHERS(T)                                             \
-  template struct kvrope::testing::AppendLaunchers<T, T, int32_t>;             \
-  template struct kvrope::testing::AppendLaunchers<T, T, int64_t>;             \
-  template struct kvrope::testing::AppendLaunchers<T, __nv_fp8_e4m3, int32_t>; \
-  template struct kvrope::testing::AppendLaunchers<T, __nv_fp8_e4m3, int64_t>; \
-  template struct kvrope::testing::AppendLaunchers<T, __nv_fp8_e5m2, int32_t>; \
-  template struct kvrope::testing::AppendLaunchers<T, __nv_fp8_e5m2, int64_t>
+//! The launchers of element type T: every cache type (T, fp8 e4m3, fp8 e5m2, NVFP4) and position type.
+#define KVROPE_APPEND_LAUNCHERS(T)                                                    \
+  template struct kvrope::testing::AppendLaunchers<T, T, int32_t>;                    \
+  template struct kvrope::testing::AppendLaunchers<T, T, int64_t>;                    \
+  template struct kvrope::testing::AppendLaunchers<T, __nv_fp8_e4m3, int32_t>;        \
+  template struct kvrope::testing::AppendLaunchers<T, __nv_fp8_e4m3, int64_t>;        \
+  template struct kvrope::testing::AppendLaunchers<T, __nv_fp8_e5m2, int32_t>;        \
+  template struct kvrope::testing::AppendLaunchers<T, __nv_fp8_e5m2, int64_t>;        \
+  template struct kvrope::testing::AppendLaunchers<T, kvrope::nvfp4_e2m1x2, int32_t>; \
+  template struct kvrope::testing::AppendLaunchers<T, kvrope::nvfp4_e2m1x2, int64_t>

@@ -1,5 +1,5 @@
 // The serving forward: ragged tokens' q and k (optionally RMS-normed) rotated, and RoPE(k) and v
-// appended to a paged, flat or contiguous KV cache in T or fp8 (docs/spec.md §6): the entry points.
+// appended to a paged, flat or contiguous KV cache in T, fp8 or NVFP4 (docs/spec.md §6): the entry points.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,7 +14,7 @@ namespace kvrope {
 
 //! Checks an append call without touching the device: sizes, rotary_dim, mRoPE sections, one table
 //! source, the scales' use, required pointers, strides, outputs whose rows do not overlap, outputs clear
-//! of every input and of each other (q and k in place are outputs only).
+//! of every input and of each other (q and k in place are outputs only), what an NVFP4 cache needs.
 template <typename T, typename C, typename Pos>
 Status validate(const AppendParams<T, C, Pos>& params) {
   return detail::validate_append(params);

@@ -1,5 +1,5 @@
 // Parameters of the serving forward (docs/spec.md §6): ragged tokens rotated and appended to a paged
-// (or flat, or contiguous) KV cache in T or fp8. Plain structs of pointers and int64 strides, and the
+// (or flat, or contiguous) KV cache in T, fp8 or NVFP4. Plain structs of pointers and int64 strides, and the
 // plan a call launches.
 #pragma once
 
@@ -66,18 +66,29 @@ PagedCache<C> hnd_pages(C* data, int64_t page_size, int64_t heads, int64_t head_
   return {data, page_size * heads * head_dim, head_dim, page_size * head_dim};
 }
 
-//! True for the cache element types: T itself, or fp8 (quantized on write).
+//! The element of an NVFP4 cache (docs/spec.md §6.4; FlashInfer's packed NVFP4 KV cache, a uint8 tensor):
+//! one byte holding two e2m1 codes, the even element in the low nibble. A cache of this type has rows of
+//! D / 2 of them (strides count bytes) and, beside it, block scales: one e4m3 byte a block of 16 values.
+struct nvfp4_e2m1x2 {
+  uint8_t bits;
+};
+
+template <typename C>
+inline constexpr bool kIsNvfp4 = std::is_same_v<C, nvfp4_e2m1x2>;
+//! Cache types quantized with a scale (key_scale, value_scale): fp8 and NVFP4.
+template <typename C>
+inline constexpr bool kIsQuantized = kIsFp8<C> || kIsNvfp4<C>;
+//! True for the cache element types: T itself, fp8 or NVFP4 (quantized on write).
 template <typename T, typename C>
-inline constexpr bool kIsCacheTypeFor =
-    std::is_same_v<C, T> || std::is_same_v<C, __nv_fp8_e4m3> || std::is_same_v<C, __nv_fp8_e5m2>;
+inline constexpr bool kIsCacheTypeFor = std::is_same_v<C, T> || kIsFp8<C> || kIsNvfp4<C>;
 
 //! The serving forward: for each of `tokens` tokens, q (Hq heads) and k (H heads) optionally RMS-normed
 //! per head, rotated (RoPE, table cache indexed by positions), q written in place or to query_out, k
 //! to key_out and/or in place if asked, and RoPE(k) and v written to the cache rows of slot_mapping,
-//! quantized when C is fp8.
+//! quantized when C is fp8 or NVFP4.
 //!
 //! @tparam T   element type of q, k, v, the outputs and the norm weights: __nv_bfloat16, __half or float
-//! @tparam C   element type of the caches: T, __nv_fp8_e4m3 or __nv_fp8_e5m2
+//! @tparam C   element type of the caches: T, __nv_fp8_e4m3, __nv_fp8_e5m2 or nvfp4_e2m1x2
 //! @tparam Pos type of positions: int64_t or int32_t
 template <typename T, typename C = T, typename Pos = int64_t>
 struct AppendParams {
@@ -121,17 +132,24 @@ struct AppendParams {
   float norm_eps = 1e-6f;                //!< non-negative (validate: kInvalidSize otherwise)
   bool norm_weight_plus_one = false;
 
-  PagedCache<C> key_cache;                //!< gets RoPE(k) (quantized when C is fp8) at each token's slot
+  PagedCache<C> key_cache;                //!< gets RoPE(k) (quantized unless C is T) at each token's slot
   PagedCache<C> value_cache;              //!< gets v at each token's slot
   int64_t page_size = 0;                  //!< P, slots a page
   int64_t num_pages = 0;                  //!< pages of each cache: slots [0, num_pages P) exist
   const int64_t* slot_mapping = nullptr;  //!< [T] device array (H > 0): a token's slot; negative: no cache write
 
-  //! fp8 caches only: device scales, stored = fp8_satfinite(x / scale); null means 1. One float, or H
-  //! (one a head) with scale_per_head.
+  //! fp8 and NVFP4 caches only: device decode scales; null means 1. One float, or H (one a head) with
+  //! scale_per_head. fp8: stored = fp8_satfinite(x / scale). NVFP4: the global scale g of docs/spec.md §6.4
+  //! (element = e2m1 code x block scale x g; FlashInfer's k_scale / v_scale).
   const float* key_scale = nullptr;
   const float* value_scale = nullptr;
   bool scale_per_head = false;
+
+  //! NVFP4 caches only (C = nvfp4_e2m1x2): the block scales, rows of D / 16 e4m3 bytes (one a block of 16
+  //! values along D) at the same slots and heads as the caches' rows, with strides of their own (in bytes;
+  //! FlashInfer's kv_cache_sf). NVFP4 needs D and R multiples of 32 and the 16-byte vector path (docs/api.md).
+  PagedCache<__nv_fp8_e4m3> key_block_scales;
+  PagedCache<__nv_fp8_e4m3> value_block_scales;
 
   //! Optional device int (error_flag.cuh): a slot at or above num_pages P ORs kErrorSlotOutOfRange (the
   //! token writes no cache row; q and k are still written), a position outside [0, max_position) ORs

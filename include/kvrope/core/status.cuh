@@ -23,6 +23,9 @@ enum class StatusCode : int {
   kInvalidStyle,          //!< style is not a RotaryStyle value
   kConflictingFields,     //!< two fields that exclude each other are both set (`field` and `other`)
   kSlotOutOfRange,        //!< reported by read_error_flag: an append's slot was at or above num_pages * page_size
+  //! the append's cache format cannot take the call as given: NVFP4 needs D and R multiples of 32, D at most
+  //! 64 16-byte chunks and every row and stride 16-byte aligned (`field`: head_dim, rotary_dim or the tensor)
+  kUnsupportedByCacheFormat,
 };
 
 //! The result of a host entry point: a code, the first offending field (a static string such as
@@ -57,6 +60,8 @@ inline const char* to_string(StatusCode code) {
     case StatusCode::kInvalidStyle: return "unknown rotary style";
     case StatusCode::kConflictingFields: return "fields that exclude each other are both set";
     case StatusCode::kSlotOutOfRange: return "slot out of range";
+    case StatusCode::kUnsupportedByCacheFormat:
+      return "not supported by the cache format (NVFP4: head_dim and rotary_dim multiples of 32, aligned rows)";
   }
   return "unknown status";
 }

@@ -21,6 +21,16 @@ struct CacheRows {
   bool per_head = false;
 };
 
+//! An NVFP4 cache: its code rows (D / 2 bytes), its global scale g (as fp8's scale) and its block-scale
+//! rows (D / 16 e4m3 bytes, at the same slot and head).
+template <>
+struct CacheRows<nvfp4_e2m1x2> {
+  PagedCache<nvfp4_e2m1x2> rows;
+  const float* scale = nullptr;
+  bool per_head = false;
+  PagedCache<__nv_fp8_e4m3> block_scales;
+};
+
 enum class MropeKind : int { kNone, kContiguous, kInterleaved };
 
 //! Which stream of positions each rotary pair takes its angle from under mRoPE (AppendParams::mrope_section).

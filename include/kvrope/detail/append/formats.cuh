@@ -1,5 +1,6 @@
 // How a finished unit of a row is stored, by the element type of its destination: the one store path of
-// every output (q out, k out, the caches). T stores as is; fp8 divides by the scale and saturates.
+// every output (q out, k out, the caches). T stores as is; fp8 divides by the scale and saturates; NVFP4
+// quantizes blocks of 16 that neighbouring lanes hold (docs/spec.md §6.4).
 #pragma once
 
 #include <cuda_fp8.h>
@@ -10,6 +11,7 @@
 
 #include "../../append_params.cuh"
 #include "../../core/vec.cuh"
+#include "../common/nvfp4.cuh"
 #include "../common/rotary_units.cuh"
 #include "args.cuh"
 
@@ -82,10 +84,54 @@ __device__ __forceinline__ void store_unit(E* row, const UnitPlace& pl, const Un
   store_chunk<E>(row + pl.hi, x.hi, s);
 }
 
+//! An NVFP4 cache row's destination: its codes (D / 2 bytes) and its block scales (D / 16 e4m3 bytes).
+struct Nvfp4Row {
+  nvfp4_e2m1x2* codes;
+  __nv_fp8_e4m3* scales;
+};
+
+//! A unit stored into an NVFP4 row under the global scale g = s.scale (docs/spec.md §6.4; the block rule of
+//! common/nvfp4.cuh). A block of 16 values is the same chunk (lo or hi) of 16 / N neighbouring lanes
+//! (N = 8: lane and lane ^ 1; N = 4: four lanes), aligned in the warp: validate asks D and R to be multiples
+//! of 32, so a block never straddles the rotated and pass-through parts or the two halves of a row, and the
+//! vector path. Its amax is one shuffle a halving among those lanes; each lane stores its N / 2 code bytes,
+//! the block's first lane the scale byte. Every lane of a block calls it together: they hold one row, so
+//! they share `active`, the row's context and its cache row (finish_row).
+template <typename T, int N>
+__device__ __forceinline__ void store_unit(const Nvfp4Row& row, const UnitPlace& pl, const UnitChunks<T, N>& x,
+                                           const StoreScale& s) {
+  static_assert(N == 4 || N == 8, "kvrope: NVFP4 caches are stored from 16-byte chunks of T");
+  constexpr int kLanes = kNvfp4BlockSize / N;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const unsigned mask = ((1u << kLanes) - 1u) << (lane & ~(kLanes - 1));
+  float lo[N], hi[N];
+  x.lo.to_float(lo);
+  x.hi.to_float(hi);
+  float amax_lo = nvfp4_amax<N>(lo), amax_hi = nvfp4_amax<N>(hi);
+#pragma unroll
+  for (int offset = 1; offset < kLanes; offset *= 2) {
+    amax_lo = fmaxf(amax_lo, __shfl_xor_sync(mask, amax_lo, offset));
+    amax_hi = fmaxf(amax_hi, __shfl_xor_sync(mask, amax_hi, offset));
+  }
+  const Nvfp4Scale scale_lo = nvfp4_block_scale(amax_lo, s.scale), scale_hi = nvfp4_block_scale(amax_hi, s.scale);
+  unsigned char* codes = reinterpret_cast<unsigned char*>(row.codes);
+  auto store_codes = [&](int at, uint32_t word) {  // N / 2 bytes at element `at` (aligned to them: the vector path)
+    if constexpr (N == 8)
+      *reinterpret_cast<uint32_t*>(codes + at / 2) = word;
+    else
+      *reinterpret_cast<uint16_t*>(codes + at / 2) = static_cast<uint16_t>(word);
+  };
+  store_codes(pl.lo, nvfp4_pack<N>(lo, scale_lo.inv));
+  store_codes(pl.hi, nvfp4_pack<N>(hi, scale_hi.inv));
+  unsigned char* scales = reinterpret_cast<unsigned char*>(row.scales);
+  if (pl.lo % kNvfp4BlockSize == 0) scales[pl.lo / kNvfp4BlockSize] = static_cast<unsigned char>(scale_lo.code);
+  if (pl.hi % kNvfp4BlockSize == 0) scales[pl.hi / kNvfp4BlockSize] = static_cast<unsigned char>(scale_hi.code);
+}
+
 //! The scale of head `head`'s rows in a cache (1 for caches in T and for a null scale).
 template <typename C>
 __device__ __forceinline__ float head_scale(const CacheRows<C>& c, int head) {
-  if constexpr (kIsFp8<C>) {
+  if constexpr (kIsQuantized<C>) {
     if (c.scale != nullptr) return c.scale[c.per_head ? head : 0];
   }
   return 1.0f;

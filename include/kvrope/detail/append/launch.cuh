@@ -27,13 +27,21 @@ Status launch_append(const AppendArgs<T, C>& a, cudaStream_t stream, bool depend
   int sms = 0, resident = 0;
   using Kernel = void (*)(AppendArgs<T, C>, AppendGeometry);
   // Instances by path and chunk, and on the vector paths whether q goes out in fp8; the scalar path
-  // decides that at run time.
+  // decides that at run time. NVFP4 caches: the vector path only (validate), one instance a path that
+  // decides fp8 q at run time (a uniform branch a q row), so that the format adds two instances a T.
   const bool q8 = a.q_out_fp8.data != nullptr;
-  Kernel kernel = q8 ? append_token_kernel<T, C, kWide, true> : append_token_kernel<T, C, kWide, false>;
-  if (path == AppendPath::kTile) {
+  Kernel kernel = nullptr;
+  if constexpr (kIsNvfp4<C>) {
+    kernel = path == AppendPath::kTile ? append_tile_kernel<T, C, kWide, true, true>
+                                       : append_token_kernel<T, C, kWide, true>;
+  } else if (path == AppendPath::kTile) {
     kernel = n != kWide ? append_tile_kernel<T, C, 1, false, true>
              : q8       ? append_tile_kernel<T, C, kWide, true, true>
                         : append_tile_kernel<T, C, kWide, true, false>;
+  } else {
+    kernel = q8 ? append_token_kernel<T, C, kWide, true> : append_token_kernel<T, C, kWide, false>;
+  }
+  if (path == AppendPath::kTile) {
     int device = 0;
     if (Status s = cuda_status(cudaGetDevice(&device), "cudaGetDevice"); !s) return s;
     if (Status s = multiprocessors(device, &sms); !s) return s;

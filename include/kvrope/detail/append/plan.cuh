@@ -49,8 +49,15 @@ AppendArgs<T, C> append_args(const AppendParams<T, C, Pos>& p) {
   a.k_norm = p.key_norm_weight;
   a.norm_eps = p.norm_eps;
   a.norm_offset = p.norm_weight_plus_one ? 1.0f : 0.0f;
-  a.k_cache = {p.key_cache, p.key_scale, p.scale_per_head};
-  a.v_cache = {p.value_cache, p.value_scale, p.scale_per_head};
+  a.k_cache.rows = p.key_cache;
+  a.k_cache.scale = p.key_scale;
+  a.v_cache.rows = p.value_cache;
+  a.v_cache.scale = p.value_scale;
+  a.k_cache.per_head = a.v_cache.per_head = p.scale_per_head;
+  if constexpr (kIsNvfp4<C>) {
+    a.k_cache.block_scales = p.key_block_scales;
+    a.v_cache.block_scales = p.value_block_scales;
+  }
   a.slots = p.slot_mapping;
   a.num_slots = p.num_pages * p.page_size;
   a.div_page = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(p.page_size, 1)));
@@ -69,18 +76,39 @@ bool cache_aligned_to(const PagedCache<C>& c, int64_t bytes) {
          (c.offset_stride * int64_t{sizeof(C)}) % bytes == 0 && (c.head_stride * int64_t{sizeof(C)}) % bytes == 0;
 }
 
-//! Whether chunks of 16 bytes of T fit every row: R / 2 and (D - R) / 2 whole chunks, every row of q,
-//! k, v and their outputs and the norm weights 16-byte aligned, the fp8 rows and the cache rows aligned
-//! to a chunk of their element type.
+//! Bytes of a chunk of 16 bytes of T as a cache row of C holds it (NVFP4: two values a byte).
+template <typename T, typename C>
+constexpr int64_t cache_chunk_bytes() {
+  constexpr int64_t kWide = 16 / sizeof(T);
+  return kIsNvfp4<C> ? kWide / 2 : kWide * int64_t{sizeof(C)};
+}
+
+//! What keeps chunks of 16 bytes of T from fitting every row, as validate names it (NVFP4 caches need
+//! them), or null: R / 2 and (D - R) / 2 whole chunks, every row of q, k, v and their outputs and the norm
+//! weights 16-byte aligned, the fp8 rows and the cache rows aligned to a chunk of their element type.
+template <typename T, typename C>
+const char* append_scalar_cause(const AppendArgs<T, C>& a) {
+  constexpr int64_t kWide = 16 / sizeof(T), kT = sizeof(T);
+  constexpr int64_t cache_bytes = cache_chunk_bytes<T, C>();
+  if (a.head_dim % (2 * kWide) != 0) return "head_dim";
+  if (a.rotary_dim % (2 * kWide) != 0) return "rotary_dim";
+  if (!aligned_to(a.q, 16, kT)) return "query";
+  if (!aligned_to(a.k, 16, kT)) return "key";
+  if (!aligned_to(a.v, 16, kT)) return "value";
+  if (!aligned_to(a.q_out, 16, kT)) return "query_out";
+  if (!aligned_to(a.q_out_fp8, kWide, 1)) return "query_out_fp8";
+  if (!aligned_to(a.k_out, 16, kT)) return "key_out";
+  if (!aligned_to(a.k_back, 16, kT)) return "key";
+  if (reinterpret_cast<uintptr_t>(a.q_norm) % 16 != 0) return "query_norm_weight";
+  if (reinterpret_cast<uintptr_t>(a.k_norm) % 16 != 0) return "key_norm_weight";
+  if (!cache_aligned_to(a.k_cache.rows, cache_bytes)) return "key_cache";
+  if (!cache_aligned_to(a.v_cache.rows, cache_bytes)) return "value_cache";
+  return nullptr;
+}
+
 template <typename T, typename C>
 bool append_vectorizable(const AppendArgs<T, C>& a) {
-  constexpr int64_t kWide = 16 / sizeof(T), kT = sizeof(T);
-  const int64_t cache_bytes = kWide * int64_t{sizeof(C)};
-  return a.head_dim % (2 * kWide) == 0 && a.rotary_dim % (2 * kWide) == 0 && aligned_to(a.q, 16, kT) &&
-         aligned_to(a.k, 16, kT) && aligned_to(a.v, 16, kT) && aligned_to(a.q_out, 16, kT) &&
-         aligned_to(a.q_out_fp8, kWide, 1) && aligned_to(a.k_out, 16, kT) && aligned_to(a.k_back, 16, kT) &&
-         reinterpret_cast<uintptr_t>(a.q_norm) % 16 == 0 && reinterpret_cast<uintptr_t>(a.k_norm) % 16 == 0 &&
-         cache_aligned_to(a.k_cache.rows, cache_bytes) && cache_aligned_to(a.v_cache.rows, cache_bytes);
+  return append_scalar_cause(a) == nullptr;
 }
 
 //! Lanes a row for `units` units: the power of two that holds them, or 32 (each lane then loops).

@@ -74,8 +74,8 @@ __device__ __forceinline__ float unit_square_sum(const UnitChunks<T, N>& x) {
   return s;
 }
 
-//! The per-tensor scales a row is stored with (q out in fp8, the fp8 caches; 1 elsewhere), loaded once
-//! a thread, off the rows' chains.
+//! The per-tensor scales a row is stored with (q out in fp8, the fp8 and NVFP4 caches; 1 elsewhere), loaded
+//! once a thread, off the rows' chains.
 struct CallScales {
   StoreScale q, k, v;
 };
@@ -88,6 +88,10 @@ __device__ __forceinline__ CallScales call_scales(const AppendArgs<T, C>& a) {
   if constexpr (kQ8) {
     if (a.q_out_fp8.data != nullptr && a.q_scale != nullptr) s.q = store_scale(*a.q_scale);
   }
+  if constexpr (kIsNvfp4<C>) {  // (NVFP4 multiplies by g itself: no reciprocal)
+    if (!a.k_cache.per_head) s.k.scale = head_scale(a.k_cache, 0);
+    if (!a.v_cache.per_head) s.v.scale = head_scale(a.v_cache, 0);
+  }
   if constexpr (kIsFp8<C>) {
     if (!a.k_cache.per_head) s.k = store_scale(head_scale(a.k_cache, 0));
     if (!a.v_cache.per_head) s.v = store_scale(head_scale(a.v_cache, 0));
@@ -99,11 +103,12 @@ __device__ __forceinline__ CallScales call_scales(const AppendArgs<T, C>& a) {
 template <typename T, typename C>
 struct AppendRowContext {
   AppendRow r;
-  const unsigned char* table;  // the token's table row
-  C* cache_row;                // the cache row to write, or null
-  StoreScale scale;            // the scale of what the row stores (fp8 q or cache rows)
-  const T* norm;               // the norm weights, or null
-  float inv_rms;               // the row's norm factor
+  const unsigned char* table;   // the token's table row
+  C* cache_row;                 // the cache row to write, or null
+  __nv_fp8_e4m3* block_scales;  // NVFP4: the cache row's block scales
+  StoreScale scale;             // the scale of what the row stores (fp8 q or cache rows; NVFP4's g)
+  const T* norm;                // the norm weights, or null
+  float inv_rms;                // the row's norm factor
 };
 
 //! The context of row `r` whose token's table row is at `table` and whose slot to write is `slot` (-1:
@@ -123,6 +128,10 @@ __device__ __forceinline__ bool row_context(const AppendArgs<T, C>& a, const App
     ctx.cache_row = cache.rows.row(static_cast<int64_t>(page), static_cast<int64_t>(offset), r.head);
     if constexpr (kIsFp8<C>) {
       if (cache.per_head) ctx.scale = store_scale(head_scale(cache, r.head));
+    }
+    if constexpr (kIsNvfp4<C>) {
+      ctx.block_scales = cache.block_scales.row(static_cast<int64_t>(page), static_cast<int64_t>(offset), r.head);
+      if (cache.per_head) ctx.scale.scale = head_scale(cache, r.head);
     }
   }
   ctx.norm = r.kind == RowKind::kQuery ? a.q_norm : r.kind == RowKind::kKey ? a.k_norm : nullptr;
@@ -251,11 +260,17 @@ __device__ __forceinline__ void store_row_unit(const AppendArgs<T, C>& a, const 
     if (a.k_out.data != nullptr) store_unit(a.k_out.row(r.token, r.head), pl, x, StoreScale{});
     if (a.k_back.data != nullptr) store_unit(a.k_back.row(r.token, r.head), pl, x, StoreScale{});
   }
-  if (ctx.cache_row != nullptr) store_unit(ctx.cache_row, pl, x, ctx.scale);
+  if (ctx.cache_row != nullptr) {
+    if constexpr (kIsNvfp4<C>)
+      store_unit(Nvfp4Row{ctx.cache_row, ctx.block_scales}, pl, x, ctx.scale);
+    else
+      store_unit(ctx.cache_row, pl, x, ctx.scale);
+  }
 }
 
 //! Finishes and stores a row from the unit `lane` holds (every lane of the row's group: the norm's sum
-//! is a group shuffle).
+//! is a group shuffle). An NVFP4 store's shuffles run under `active`: a block's lanes share it (validate's
+//! D and R multiples of 32 give a row whole blocks of units).
 template <typename T, typename C, int N, bool kQ8>
 __device__ __forceinline__ void finish_row(const AppendArgs<T, C>& a, int lanes, AppendRowContext<T, C>& ctx,
                                            const UnitPlace& pl, bool active, UnitChunks<T, N>& x) {

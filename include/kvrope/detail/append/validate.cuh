@@ -6,6 +6,7 @@
 
 #include "../../append_params.cuh"
 #include "../common/checks.cuh"
+#include "plan.cuh"
 
 namespace kvrope::detail {
 
@@ -84,19 +85,34 @@ Status check_append_sizes(const AppendParams<T, C, Pos>& p) {
     if (p.position_stream_stride != 0)
       return fail(StatusCode::kConflictingFields, "position_stream_stride", "mrope_section");
   }
-  if constexpr (!kIsFp8<C>) {
+  if constexpr (!kIsQuantized<C>) {
     if (p.key_scale != nullptr) return fail(StatusCode::kConflictingFields, "key_scale", "key_cache");
     if (p.value_scale != nullptr) return fail(StatusCode::kConflictingFields, "value_scale", "value_cache");
+  }
+  if constexpr (!kIsNvfp4<C>) {
+    if (p.key_block_scales.data != nullptr)
+      return fail(StatusCode::kConflictingFields, "key_block_scales", "key_cache");
+    if (p.value_block_scales.data != nullptr)
+      return fail(StatusCode::kConflictingFields, "value_block_scales", "value_cache");
+  } else {
+    // A block of 16 values is one chunk of neighbouring lanes (detail/append/formats.cuh): D and R multiples
+    // of 32, so that no block straddles the halves of a row or the rotated and pass-through parts, and the
+    // vector path's 16-byte chunks, at most 64 a row (the alignment: validate_append).
+    constexpr int64_t kWide = 16 / sizeof(T);
+    if (p.head_dim % 32 != 0 || p.head_dim > 64 * kWide) return fail(StatusCode::kUnsupportedByCacheFormat, "head_dim");
+    if (effective_rotary_dim(p.rotary_dim, p.head_dim) % 32 != 0)
+      return fail(StatusCode::kUnsupportedByCacheFormat, "rotary_dim");
   }
   return {};
 }
 
 // Checks an append call without touching the device: sizes, one table source, required pointers,
 // strides, disjoint output rows, outputs clear of every input and of each other (q in place and k in
-// place are outputs only).
+// place are outputs only); for NVFP4 caches, what their store needs (check_append_sizes, and the vector path).
 template <typename T, typename C, typename Pos>
 Status validate_append(const AppendParams<T, C, Pos>& p) {
-  static_assert(kIsCacheTypeFor<T, C>, "kvrope: the cache type C must be T, __nv_fp8_e4m3 or __nv_fp8_e5m2");
+  static_assert(kIsCacheTypeFor<T, C>,
+                "kvrope: the cache type C must be T, __nv_fp8_e4m3, __nv_fp8_e5m2 or kvrope::nvfp4_e2m1x2");
   if (Status s = check_append_sizes(p); !s) return s;
   const int64_t d = p.head_dim;
   const int64_t rotary = effective_rotary_dim(p.rotary_dim, d);
@@ -109,6 +125,8 @@ Status validate_append(const AppendParams<T, C, Pos>& p) {
   const int64_t kv_tokens = p.heads > 0 ? p.tokens : 0;
   const int64_t scales = p.scale_per_head ? p.heads : 1;
   const int64_t cache_pages = p.heads > 0 ? p.num_pages : 0;
+  const int64_t cache_row = kIsNvfp4<C> ? d / 2 : d;  // NVFP4: two values a byte
+  const int64_t scale_pages = kIsNvfp4<C> ? cache_pages : 0;
   const std::array<Layout, 11> in{
       token_heads_layout("key", {"key.token_stride", "key.head_stride"}, TokenHeads<const T>(p.key),
                          p.key_in_place ? 0 : kv_tokens, p.heads, d),
@@ -125,7 +143,7 @@ Status validate_append(const AppendParams<T, C, Pos>& p) {
       flat_layout("key_scale", p.key_scale, 4, p.key_scale ? scales : 0),
       flat_layout("value_scale", p.value_scale, 4, p.value_scale ? scales : 0),
       flat_layout("query_scale", p.query_scale, 4, p.query_scale ? 1 : 0)};
-  const std::array<Layout, 5> out{
+  const std::array<Layout, 7> out{
       q_in_place ? token_heads_layout("query", {"query.token_stride", "query.head_stride"}, p.query, q_tokens,
                                       p.query_heads, d)
       : q_fp8    ? token_heads_layout("query_out_fp8", {"query_out_fp8.token_stride", "query_out_fp8.head_stride"},
@@ -136,12 +154,26 @@ Status validate_append(const AppendParams<T, C, Pos>& p) {
                      : token_heads_layout("key_out", {"key_out.token_stride", "key_out.head_stride"}, p.key_out,
                                           p.key_out.data ? kv_tokens : 0, p.heads, d),
       paged_layout("key_cache", {"key_cache.page_stride", "key_cache.offset_stride", "key_cache.head_stride"},
-                   p.key_cache, cache_pages, p.page_size, p.heads, d),
+                   p.key_cache, cache_pages, p.page_size, p.heads, cache_row),
       paged_layout("value_cache", {"value_cache.page_stride", "value_cache.offset_stride", "value_cache.head_stride"},
-                   p.value_cache, cache_pages, p.page_size, p.heads, d),
+                   p.value_cache, cache_pages, p.page_size, p.heads, cache_row),
+      paged_layout("key_block_scales",
+                   {"key_block_scales.page_stride", "key_block_scales.offset_stride", "key_block_scales.head_stride"},
+                   p.key_block_scales, scale_pages, p.page_size, p.heads, d / 16),
+      paged_layout(
+          "value_block_scales",
+          {"value_block_scales.page_stride", "value_block_scales.offset_stride", "value_block_scales.head_stride"},
+          p.value_block_scales, scale_pages, p.page_size, p.heads, d / 16),
       // (the flag too: no output may overlap it)
       flat_layout("error_flag", p.error_flag, 4, p.error_flag ? 1 : 0)};
-  return check_tensors(in, out);
+  if (Status s = check_tensors(in, out); !s) return s;
+  // NVFP4: a launch takes the vector path (above), so every row of the call must allow it.
+  if constexpr (kIsNvfp4<C>) {
+    if (p.tokens > 0 && p.heads + p.query_heads > 0)
+      if (const char* cause = append_scalar_cause(append_args(p)))
+        return fail(StatusCode::kUnsupportedByCacheFormat, cause);
+  }
+  return {};
 }
 
 }  // namespace kvrope::detail

@@ -31,7 +31,9 @@
 // (16 bytes of bf16): each takes nvfp4_amax of its 8, combines them with one shuffle
 // (nvfp4_amax_pair: fmaxf with lane ^ 1's; max is exact, so the halves give the block's amax bit for bit),
 // both call nvfp4_block_scale (same inputs, same result), each packs its 8 codes into a 4-byte word
-// (nvfp4_pack8: bytes 4·(lane & 1) .. +3 of the block) and the even lane stores the scale byte.
+// (nvfp4_pack8: bytes 4·(lane & 1) .. +3 of the block) and the even lane stores the scale byte. Four lanes
+// of 4 (16 bytes of fp32) do the same with two shuffles and 2-byte words (nvfp4_pack<4>; the append's NVFP4
+// caches, detail/append/formats.cuh).
 #pragma once
 
 #include <cuda_fp8.h>
@@ -198,16 +200,21 @@ __host__ __device__ __forceinline__ Nvfp4Scale nvfp4_block_scale(float amax, flo
   return s;
 }
 
-//! Step 5 for 8 consecutive elements (half a block, or a whole block's first or last 8): their codes in a
-//! 4-byte word, byte j holding elements 2j (low nibble) and 2j + 1; little-endian, so storing the word
-//! stores the bytes in element order.
-__host__ __device__ __forceinline__ uint32_t nvfp4_pack8(const float* x, float inv) {
+//! Step 5 for K consecutive elements (K even, at most 8; a lane's chunk of a block): their codes in the low
+//! K / 2 bytes of a word, byte j holding elements 2j (low nibble) and 2j + 1; little-endian, so storing
+//! those bytes stores them in element order.
+template <int K>
+__host__ __device__ __forceinline__ uint32_t nvfp4_pack(const float* x, float inv) {
+  static_assert(K % 2 == 0 && K <= 8, "nvfp4_pack: an even count of at most 8 elements");
   uint32_t word = 0;
   KVROPE_UNROLL
-  for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < K / 2; ++j)
     word |= nvfp4_e2m1_pair(nvfp4_mul(x[2 * j], inv), nvfp4_mul(x[2 * j + 1], inv)) << (8 * j);
   return word;
 }
+
+//! nvfp4_pack of 8 elements (half a block, or a whole block's first or last 8): a 4-byte word.
+__host__ __device__ __forceinline__ uint32_t nvfp4_pack8(const float* x, float inv) { return nvfp4_pack<8>(x, inv); }
 
 //! A quantized block: the scale byte and the 8 code bytes (as two words: elements 0-7 and 8-15).
 struct Nvfp4Block {
