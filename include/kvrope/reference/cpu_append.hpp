@@ -17,6 +17,7 @@
 #include "../core/rotary.cuh"
 #include "../error_flag.cuh"
 #include "common.hpp"
+#include "cpu_nvfp4.hpp"
 
 namespace kvrope::reference {
 
@@ -151,10 +152,13 @@ struct AppendGold {
   std::vector<double> value_cache;  // v of the writer (as given), or the previous content
   std::vector<uint8_t> key_fp8, value_fp8;  // fp8 caches: the codes each row holds (the key rounded to
                                             // T nearest to gold, then quantized); empty otherwise
-  std::vector<uint8_t> query_fp8;           // with query_out_fp8 [T, Hq, D]: q rounded to T nearest to
-                                            // gold, then quantized (tokens writing nothing: as before)
-  std::vector<int64_t> writer;              // slot_writers
-  AppendFlag error_flag;                    // expected_append_flag
+  // NVFP4 caches: each row's code bytes [slots, H, D / 2] and block scales [slots, H, D / 16] (the key rounded
+  // to T nearest to gold, then quantized with correctly rounded quotients: nvfp4_quantize_row); else empty
+  std::vector<uint8_t> key_nvfp4, value_nvfp4, key_nvfp4_scales, value_nvfp4_scales;
+  std::vector<uint8_t> query_fp8;  // with query_out_fp8 [T, Hq, D]: q rounded to T nearest to
+                                   // gold, then quantized (tokens writing nothing: as before)
+  std::vector<int64_t> writer;     // slot_writers
+  AppendFlag error_flag;           // expected_append_flag
 };
 
 namespace detail {
@@ -172,6 +176,56 @@ TokenHeads<const T> key_target(const AppendParams<T, C, Pos>& p) {
   return {};
 }
 }  // namespace detail
+
+//! The NVFP4 caches' part of cpu_append (C = nvfp4_e2m1x2; g's q and k rows computed): each written row is
+//! its writer's key (gold, rounded to T nearest) or value quantized with nvfp4_quantize_row under the head's
+//! global scale; an unwritten row keeps its bytes. key_cache and value_cache get the values before
+//! quantization, or an unwritten row's decoded ones (nvfp4_dequantize).
+template <typename T, typename C, typename Pos>
+void cpu_append_nvfp4(const AppendParams<T, C, Pos>& in, AppendGold& g) {
+  const int64_t H = in.heads, D = in.head_dim, P = in.page_size, slots = num_slots(in);
+  const int64_t half = D / 2, blocks = D / kNvfp4Block;
+  g.key_nvfp4.resize(slots * H * half);
+  g.value_nvfp4.resize(slots * H * half);
+  g.key_nvfp4_scales.resize(slots * H * blocks);
+  g.value_nvfp4_scales.resize(slots * H * blocks);
+  std::vector<float> row(static_cast<size_t>(D));
+  for (int64_t s = 0; s < slots; ++s) {
+    const int64_t t = g.writer[s];
+    for (int64_t j = 0; j < H; ++j) {
+      const int64_t r = s * H + j;
+      for (int which = 0; which < 2; ++which) {  // the key cache, then the value cache
+        const float gs = scale_of(which ? in.value_scale : in.key_scale, in.scale_per_head, j);
+        uint8_t* codes = (which ? g.value_nvfp4 : g.key_nvfp4).data() + r * half;
+        uint8_t* scales = (which ? g.value_nvfp4_scales : g.key_nvfp4_scales).data() + r * blocks;
+        if (t < 0) {
+          const PagedCache<C>& cache = which ? in.value_cache : in.key_cache;
+          const PagedCache<__nv_fp8_e4m3>& sf = which ? in.value_block_scales : in.key_block_scales;
+          std::memcpy(codes, cache.row(s / P, s % P, j), static_cast<size_t>(half));
+          std::memcpy(scales, sf.row(s / P, s % P, j), static_cast<size_t>(blocks));
+          for (int64_t d = 0; d < D; ++d) {
+            const double x = nvfp4_dequantize(codes, scales, gs, d);
+            if (which)
+              g.value_cache[r * D + d] = x;
+            else
+              g.key_cache[r * D + d] = {x, 0.0};
+          }
+          continue;
+        }
+        for (int64_t d = 0; d < D; ++d) {
+          const Gold k = g.key[(t * H + j) * D + d];
+          const T v = in.value.row(t, j)[d];
+          if (which)
+            g.value_cache[r * D + d] = to_float(v);
+          else
+            g.key_cache[r * D + d] = k;
+          row[d] = which ? to_float(v) : to_float(detail::round_to<T>(k.value));
+        }
+        nvfp4_quantize_row(row.data(), D, gs, codes, scales);
+      }
+    }
+  }
+}
 
 //! Computes every output of the append in float64 from host copies of the inputs taken before the call:
 //! q, k, v, the table cache, positions, slots, weights and scales, and the previous contents of the
@@ -221,26 +275,30 @@ AppendGold cpu_append(const AppendParams<T, C, Pos>& in) {
     g.key_fp8.resize(slots * H * D);
     g.value_fp8.resize(slots * H * D);
   }
-  for (int64_t s = 0; s < slots; ++s) {
-    const int64_t t = g.writer[s];
-    for (int64_t j = 0; j < H; ++j) {
-      const C* kc = in.key_cache.row(s / P, s % P, j);
-      const C* vc = in.value_cache.row(s / P, s % P, j);
-      for (int64_t d = 0; d < D; ++d) {
-        const int64_t o = (s * H + j) * D + d;
-        if (t < 0) {
-          g.key_cache[o] = {detail::cache_value(kc[d]), 0.0};
-          g.value_cache[o] = detail::cache_value(vc[d]);
-          if constexpr (kIsFp8<C>) g.key_fp8[o] = fp8_bits(kc[d]), g.value_fp8[o] = fp8_bits(vc[d]);
-          continue;
-        }
-        g.key_cache[o] = g.key[(t * H + j) * D + d];
-        const T v = in.value.row(t, j)[d];
-        g.value_cache[o] = to_float(v);
-        if constexpr (kIsFp8<C>) {
-          g.key_fp8[o] =
-              quantize<C>(detail::round_to<T>(g.key_cache[o].value), scale_of(in.key_scale, in.scale_per_head, j));
-          g.value_fp8[o] = quantize<C>(v, scale_of(in.value_scale, in.scale_per_head, j));
+  if constexpr (kIsNvfp4<C>) {
+    cpu_append_nvfp4(in, g);
+  } else {
+    for (int64_t s = 0; s < slots; ++s) {
+      const int64_t t = g.writer[s];
+      for (int64_t j = 0; j < H; ++j) {
+        const C* kc = in.key_cache.row(s / P, s % P, j);
+        const C* vc = in.value_cache.row(s / P, s % P, j);
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t o = (s * H + j) * D + d;
+          if (t < 0) {
+            g.key_cache[o] = {detail::cache_value(kc[d]), 0.0};
+            g.value_cache[o] = detail::cache_value(vc[d]);
+            if constexpr (kIsFp8<C>) g.key_fp8[o] = fp8_bits(kc[d]), g.value_fp8[o] = fp8_bits(vc[d]);
+            continue;
+          }
+          g.key_cache[o] = g.key[(t * H + j) * D + d];
+          const T v = in.value.row(t, j)[d];
+          g.value_cache[o] = to_float(v);
+          if constexpr (kIsFp8<C>) {
+            g.key_fp8[o] =
+                quantize<C>(detail::round_to<T>(g.key_cache[o].value), scale_of(in.key_scale, in.scale_per_head, j));
+            g.value_fp8[o] = quantize<C>(v, scale_of(in.value_scale, in.scale_per_head, j));
+          }
         }
       }
     }

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cpu_append.hpp"  // fp8_encode, fp8_decode
+#include "common.hpp"  // fp8_encode, fp8_decode
 
 namespace kvrope::reference {
 
