@@ -1,11 +1,16 @@
 // The checker of the append: a call's outputs (host copies) compared with the float64 reference of
 // <kvrope/reference/cpu_append.hpp>, within the tolerance of docs/spec.md §1.7 (verify/tolerance.hpp), fp8 codes
-// included. Part of verify/ (kvrope_verify, not installed): what the tests and the benchmark check the append with.
+// and NVFP4 blocks included. Part of verify/ (kvrope_verify, not installed): what the tests and the benchmark check the
+// append with.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -21,13 +26,20 @@ namespace kvrope::verify {
 
 //! Host copies of what a call left, each checked when given (data non-null): q and k after the call
 //! (rotated where done in place, else unchanged), query_out or query_out_fp8, key_out, v (unchanged),
-//! and the caches.
+//! and the caches (NVFP4: with their block scales).
 template <typename T, typename C>
 struct AppendOutputs {
   TokenHeads<const T> query, query_out, key, key_out, value;
   TokenHeads<const __nv_fp8_e4m3> query_out_fp8;
   PagedCache<const C> key_cache, value_cache;
+  PagedCache<const __nv_fp8_e4m3> key_block_scales, value_block_scales;
 };
+
+//! The quotient and reciprocal of NVFP4 blocks as the GPU computes them (docs/spec.md §6.4: its approximate
+//! division and reciprocal), one a (amax, global scale) asked: with it check_append compares each block bit
+//! for bit with the reference fed them (reference::nvfp4_quantize_block); without, with the reference's
+//! correctly rounded ones (which a GPU's block rarely differs from).
+using Nvfp4Oracle = std::function<std::vector<reference::Nvfp4Approx>(const std::vector<std::array<float, 2>>&)>;
 
 namespace detail {
 
@@ -85,6 +97,78 @@ bool fp8_within_tolerance(uint8_t got, const reference::Gold& gold, float scale)
   return v > reference::fp8_decode(qlo, f) && v < reference::fp8_decode(qhi, f);
 }
 
+// What an NVFP4 cache row's block quantizes, when the call's inputs and outputs show it exactly: 16 values in
+// fp32 from v, from k's own pass-through elements (not normed), or from the rotated key the call wrote.
+template <typename T, typename C, typename Pos>
+const T* nvfp4_block_source(const AppendParams<T, C, Pos>& in, const TokenHeads<const T>& k_written, bool value,
+                            int64_t t, int64_t j, int64_t block) {
+  if (value) return in.value.row(t, j);
+  if (block * reference::kNvfp4Block >= reference::rotary_dim_of(in) && in.key_norm_weight == nullptr)
+    return in.key.row(t, j);
+  return k_written.data ? k_written.row(t, j) : nullptr;
+}
+
+template <typename T>
+float nvfp4_block_values(const T* src, int64_t block, float (&x)[reference::kNvfp4Block]) {
+  for (int i = 0; i < reference::kNvfp4Block; ++i) x[i] = to_float(src[block * reference::kNvfp4Block + i]);
+  return static_cast<float>(reference::nvfp4_amax(x));
+}
+
+using Nvfp4Table = std::map<std::array<uint32_t, 2>, reference::Nvfp4Approx>;
+
+inline std::array<uint32_t, 2> nvfp4_key(float amax, float g) {
+  std::array<uint32_t, 2> k;
+  std::memcpy(&k[0], &amax, 4);
+  std::memcpy(&k[1], &g, 4);
+  return k;
+}
+
+// The oracle's answers for every block an NVFP4 cache row gets from a source check_append sees (empty
+// without an oracle).
+template <typename T, typename C, typename Pos>
+Nvfp4Table nvfp4_table(const AppendParams<T, C, Pos>& in, const TokenHeads<const T>& k_written,
+                       const std::vector<int64_t>& writer, const Nvfp4Oracle& oracle) {
+  Nvfp4Table table;
+  if (!oracle) return table;
+  const int64_t blocks = in.head_dim / reference::kNvfp4Block;
+  for (size_t s = 0; s < writer.size(); ++s) {
+    const int64_t t = writer[s];
+    if (t < 0) continue;
+    for (int64_t j = 0; j < in.heads; ++j)
+      for (const bool value : {false, true}) {
+        const float g = reference::scale_of(value ? in.value_scale : in.key_scale, in.scale_per_head, j);
+        for (int64_t b = 0; b < blocks; ++b)
+          if (const T* src = nvfp4_block_source(in, k_written, value, t, j, b)) {
+            float x[reference::kNvfp4Block];
+            table[nvfp4_key(nvfp4_block_values(src, b, x), g)] = {};
+          }
+      }
+  }
+  std::vector<std::array<float, 2>> asked;
+  for (const auto& entry : table) {
+    std::array<float, 2> a;
+    std::memcpy(&a[0], &entry.first[0], 4);
+    std::memcpy(&a[1], &entry.first[1], 4);
+    asked.push_back(a);
+  }
+  const std::vector<reference::Nvfp4Approx> answers = oracle(asked);
+  size_t i = 0;
+  for (auto& entry : table) entry.second = i < answers.size() ? answers[i++] : reference::Nvfp4Approx{};
+  return table;
+}
+
+// Whether a block is at most one step from `want` (a key check_append cannot see: the call's own rounding of
+// it to T may differ from the reference's by an ulp): the scale byte within one e4m3 code, each element's
+// e2m1 magnitude within one code, of the same sign where both are non-zero.
+inline bool nvfp4_block_near(uint8_t scale, const uint8_t* codes, const reference::Nvfp4Block& want) {
+  if (std::abs(int{scale} - int{want.scale}) > 1) return false;
+  for (int i = 0; i < reference::kNvfp4Block; ++i) {
+    const int g = (codes[i / 2] >> (4 * (i % 2))) & 0xF, w = (want.packed[i / 2] >> (4 * (i % 2))) & 0xF;
+    if (std::abs((g & 7) - (w & 7)) > 1 || ((g & 7) && (w & 7) && (g & 8) != (w & 8))) return false;
+  }
+  return true;
+}
+
 // Collects one check unit's comparisons and its first failure.
 struct UnitTally {
   int64_t checked = 0, bad = 0;
@@ -113,10 +197,15 @@ struct UnitTally {
 //!   the call wrote to key_out (or key in place), v bit-exact; for fp8, the code quantize() gives for the
 //!   call's own rotated key (or, when neither key_out nor key in place shows it, for some key in T
 //!   within tolerance) and for v as given;
-//! - every other cache row unchanged, bit for bit.
+//! - NVFP4: each block (scale byte and code bytes) of a written row the reference's block of the same 16
+//!   values in T (v, k's own pass-through elements, or the call's own rotated key), bit for bit, with the
+//!   GPU's quotient and reciprocal when `nvfp4_oracle` gives them; when no output shows the rotated key, the
+//!   reference's block of the key rounded to T nearest gold, within one step (nvfp4_block_near);
+//! - every other cache row unchanged, bit for bit (NVFP4: its block scales too).
 //! The error flag is checked apart (expected_append_flag).
 template <typename T, typename C, typename Pos>
-CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<T, C>& out) {
+CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<T, C>& out,
+                         const Nvfp4Oracle& nvfp4_oracle = {}) {
   const int64_t N = in.tokens, H = in.heads, Hq = in.query_heads, D = in.head_dim, P = in.page_size;
   const int64_t R = reference::rotary_dim_of(in);
   const int64_t slots = reference::num_slots(in);
@@ -130,6 +219,8 @@ CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<
                                         : in.key_in_place && out.key.data   ? out.key
                                                                             : TokenHeads<const T>{};
   detail::Tally tally;
+  detail::Nvfp4Table nvfp4;
+  if constexpr (kIsNvfp4<C>) nvfp4 = detail::nvfp4_table(in, k_written, writer, nvfp4_oracle);
   // Units [0, N): the tokens' q, k and v rows; [N, N + pages): the caches' pages.
   detail::parallel_for(N + pages, [&](int64_t unit) {
     detail::UnitTally u;
@@ -204,6 +295,63 @@ CheckResult check_append(const AppendParams<T, C, Pos>& in, const AppendOutputs<
         if (in.key_out.data && out.key_out.data)
           expect_rotated("key_out", out.key_out.row(t, j), in.key.row(t, j), in.key_out.row(t, j), valid, normed, t, j);
         if (out.value.data) expect_unchanged("value", out.value.row(t, j), in.value.row(t, j), t, j);
+      }
+    } else if constexpr (kIsNvfp4<C>) {
+      const int64_t page = unit - N;
+      const int64_t half = D / 2, blocks = D / reference::kNvfp4Block;
+      for (int64_t off = 0; off < P; ++off) {
+        const int64_t s = page * P + off;
+        const int64_t t = writer[static_cast<size_t>(s)];
+        for (int64_t j = 0; j < H; ++j) {
+          if (t >= 0)
+            reference::gold_row(in, in.key.row(t, j), in.key_norm_weight, reference::append_table_rows(in, t),
+                                gold.data());
+          for (const bool value : {false, true}) {
+            const char* name = value ? "value_cache" : "key_cache";
+            const char* scales_name = value ? "value_block_scales" : "key_block_scales";
+            auto at = [&](int64_t i) {
+              return [=] {
+                return "[page=" + std::to_string(page) + ", offset=" + std::to_string(off) +
+                       ", h=" + std::to_string(j) + ", byte=" + std::to_string(i) + "]";
+              };
+            };
+            const PagedCache<const C> got_rows = value ? out.value_cache : out.key_cache;
+            const PagedCache<const __nv_fp8_e4m3> got_sf = value ? out.value_block_scales : out.key_block_scales;
+            if (!got_rows.data || !got_sf.data) continue;
+            const auto* got = reinterpret_cast<const uint8_t*>(got_rows.row(page, off, j));
+            const auto* got_scales = reinterpret_cast<const uint8_t*>(got_sf.row(page, off, j));
+            if (t < 0) {  // no token writes the slot: the row and its scales as they were
+              const auto* was =
+                  reinterpret_cast<const uint8_t*>((value ? in.value_cache : in.key_cache).row(page, off, j));
+              const auto* was_scales = reinterpret_cast<const uint8_t*>(
+                  (value ? in.value_block_scales : in.key_block_scales).row(page, off, j));
+              for (int64_t i = 0; i < half; ++i) u.expect(got[i] == was[i], name, at(i), got[i], was[i]);
+              for (int64_t i = 0; i < blocks; ++i)
+                u.expect(got_scales[i] == was_scales[i], scales_name, at(i), got_scales[i], was_scales[i]);
+              continue;
+            }
+            const float g = reference::scale_of(value ? in.value_scale : in.key_scale, in.scale_per_head, j);
+            for (int64_t b = 0; b < blocks; ++b) {
+              float x[reference::kNvfp4Block];
+              const uint8_t* codes = got + b * (reference::kNvfp4Block / 2);
+              if (const T* src = detail::nvfp4_block_source(in, k_written, value, t, j, b)) {
+                const float amax = detail::nvfp4_block_values(src, b, x);
+                const auto found = nvfp4.find(detail::nvfp4_key(amax, g));
+                const reference::Nvfp4Block want =
+                    reference::nvfp4_quantize_block(x, g, found == nvfp4.end() ? nullptr : &found->second);
+                u.expect(got_scales[b] == want.scale, scales_name, at(b), got_scales[b], want.scale);
+                for (int i = 0; i < reference::kNvfp4Block / 2; ++i)
+                  u.expect(codes[i] == want.packed[i], name, at(b * 8 + i), codes[i], want.packed[i]);
+              } else {
+                for (int i = 0; i < reference::kNvfp4Block; ++i)
+                  x[i] = to_float(reference::detail::round_to<T>(gold[b * reference::kNvfp4Block + i].value));
+                const reference::Nvfp4Block want = reference::nvfp4_quantize_block(x, g);
+                u.expect(detail::nvfp4_block_near(got_scales[b], codes, want), name, at(b * 8), got_scales[b],
+                         want.scale);
+              }
+            }
+          }
+        }
       }
     } else {
       const int64_t page = unit - N;

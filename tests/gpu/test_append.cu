@@ -1,5 +1,6 @@
 // GPU tests of the append (the serving forward, docs/spec.md §6) against the float64 reference: bf16, fp16
-// and fp32; caches in T, e4m3 and e5m2 with per-tensor and per-head scales; the compiled head dims and
+// and fp32; caches in T, e4m3 and e5m2 with per-tensor and per-head scales, NVFP4 (every value and block-scale
+// byte, given the GPU's own block-scale arithmetic) and what it refuses; the compiled head dims and
 // generic even ones; both styles and partial rotary; q in place or out; key_out, key in place or neither;
 // the norms; NHD and HND pages, a flat pool, a contiguous per-sequence cache, caches of different
 // strides; a fused qkv buffer; padding, repeated and out-of-range slots and positions; misaligned views;
@@ -331,6 +332,90 @@ TEST_CASE("append: fp8 stores divide by the reciprocal and one FMA exactly as th
   CHECK(host[1] > static_cast<unsigned long long>(kPairs / 4));
 }
 
+TEMPLATE_TEST_CASE("append into NVFP4 caches: head dims, styles, partial rotary, norms, layouts, both paths",
+                   "[gpu][append][nvfp4]", __nv_bfloat16, __half, float) {
+  // Every value byte and block-scale byte against the reference's blocks of the same values in T, given the
+  // GPU's own quotients and reciprocals (gpu_nvfp4_oracle); with no key output, within one step.
+  using T = TestType;
+  const int64_t dims[] = {64, 128, 256, 96};
+  uint64_t seed = 1000;
+  for (const int64_t D : dims)
+    for (const RotaryStyle style : {RotaryStyle::kRotateHalf, RotaryStyle::kInterleaved})
+      for (const int r : {0, 1, 2})
+        for (const bool prefill : {false, true}) {
+          AppendConfig c;
+          c.seed = seed++;
+          c.head_dim = D;
+          c.style = style;
+          c.rotary_dim = r == 0 ? 0 : r == 1 ? 32 : D / 2 / 32 * 32;  // full, one pair of blocks, about half
+          if (c.rotary_dim == D) c.rotary_dim = 0;
+          // Decode-size calls take the few-token kernel, prefill-size ones the tile kernel.
+          c.tokens = prefill ? detail::kAppendTokenMaxTokens + 37 + static_cast<int64_t>(c.seed % 50)
+                             : 1 + static_cast<int64_t>(c.seed % 40);
+          c.heads = 1 + static_cast<int64_t>(c.seed % 3);
+          c.query_heads = c.seed % 5 == 0 ? 0 : c.heads * (1 + static_cast<int64_t>(c.seed % 4));
+          c.key = static_cast<KeyWrite>(c.seed % 3);
+          c.query_out = c.seed % 4 == 1;
+          c.query_fp8 = c.seed % 4 == 3;  // fp8 q beside NVFP4 caches (the instance's run-time branch)
+          c.q_norm = c.seed % 4 == 2;
+          c.k_norm = c.seed % 3 == 1;
+          c.plus_one = c.seed % 5 == 2;
+          c.table_f32 = c.seed % 3 != 1;
+          c.fused_qkv = c.seed % 7 == 3;
+          c.k_cache = c.seed % 2 ? CacheKind::kHND : CacheKind::kNHD;
+          c.v_cache = (c.seed / 2) % 2 ? CacheKind::kHND : CacheKind::kNHD;
+          c.page_size = c.seed % 3 == 0 ? 16 : c.seed % 3 == 1 ? 1 : 8;  // (1: a flat pool)
+          c.k_pad = c.seed % 4 == 0 ? 8 : 0;
+          c.v_pad = c.seed % 5 == 0 ? 16 : 0;
+          c.sf_pad = c.seed % 3 == 2 ? 3 : 0;
+          c.slots = kPatterns[c.seed % 6];
+          c.bad_positions = c.seed % 7 == 5;
+          c.scales = static_cast<Scales>(c.seed % 3);
+          run_case<T, kvrope::nvfp4_e2m1x2>(c, c.seed % 2 == 0);
+        }
+  // Global scales small enough that block scales saturate (448) and large enough that they underflow to 0.
+  for (const float magnitude : {0.0005f, 1.0e-7f, 1.0e4f}) {
+    AppendConfig c;
+    c.seed = seed++;
+    c.head_dim = 128;
+    c.tokens = 17;
+    c.scales = Scales::kHead;
+    c.scale_magnitude = magnitude;
+    run_case<T, kvrope::nvfp4_e2m1x2>(c, true);
+  }
+}
+
+TEST_CASE("append: NVFP4 caches refuse what their store cannot take, and write nothing", "[gpu][append][nvfp4]") {
+  AppendConfig c;
+  c.tokens = 9;
+  c.heads = 2;
+  c.query_heads = 4;
+  c.head_dim = 128;
+  struct Case {
+    int64_t head_dim, rotary_dim, offset;
+    const char* field;
+  };
+  const Case cases[] = {{80, 0, 0, "head_dim"}, {128, 48, 0, "rotary_dim"}, {128, 0, 1, "query"}};
+  for (const Case& k : cases) {
+    c.head_dim = k.head_dim;
+    c.rotary_dim = k.rotary_dim;
+    c.offset = k.offset;
+    AppendProblem<__nv_bfloat16, kvrope::nvfp4_e2m1x2, int64_t> p(c);
+    p.poison_outputs();
+    KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+    const Status st = p.launch();
+    INFO(k.field << ": " << to_string(st.code) << " " << (st.field ? st.field : "-"));
+    CHECK(st.code == StatusCode::kUnsupportedByCacheFormat);
+    CHECK(std::string(st.field ? st.field : "") == k.field);
+    KVROPE_CUDA_REQUIRE(cudaGetLastError());
+    KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+    CHECK(all_poisoned(p.kc.to_host()));
+    CHECK(all_poisoned(p.ks.to_host()));
+    CHECK(all_poisoned(p.k_out.to_host()));
+    CHECK(p.flag.to_host()[0] == 0);
+  }
+}
+
 TEST_CASE("append: NHD and HND pages, a flat pool, a contiguous per-sequence cache, caches of different strides",
           "[gpu][append][cache]") {
   struct Layout {
@@ -559,11 +644,16 @@ TEST_CASE("append: decode (T = 1), T = 1024, a prefill of 4096 tokens, an empty 
   c.key = KeyWrite::kInPlace;
   run_case<__nv_bfloat16, __nv_bfloat16>(c, false);
 
+  c.scales = Scales::kTensor;
+  run_case<__nv_bfloat16, kvrope::nvfp4_e2m1x2>(c, true);  // NVFP4 decode: the few-token kernel
+  c.scales = Scales::kNone;
+
   c.tokens = 1024;  // a batch of sequences
   c.key = KeyWrite::kOut;
   c.q_norm = c.k_norm = true;
   c.seed = 601;
   run_case<__nv_bfloat16, __nv_bfloat16>(c, true);
+  run_case<__half, kvrope::nvfp4_e2m1x2>(c, false);
   c.q_norm = c.k_norm = false;
   c.style = RotaryStyle::kInterleaved;
   c.rotary_dim = 64;
@@ -580,6 +670,8 @@ TEST_CASE("append: decode (T = 1), T = 1024, a prefill of 4096 tokens, an empty 
   c.slots = SlotPattern::kRun;
   c.seed = 603;
   run_case<__nv_bfloat16, __nv_bfloat16>(c, true);
+  c.scales = Scales::kTensor;
+  run_case<__nv_bfloat16, kvrope::nvfp4_e2m1x2>(c, true);  // an NVFP4 prefill: the tile kernel
 
   // No token: a valid call that launches nothing and writes nothing.
   c = AppendConfig{};

@@ -1,8 +1,8 @@
 // Randomized differential test of the append (docs/spec.md §6): random configurations drawing every option
-// (element, cache and position types, head dim, rotary dim and style, sizes, q and k outputs, norms, cache
-// layouts and strides, a fused qkv buffer, slot and position patterns, scales, misalignment, mRoPE) checked
-// against the float64 reference. Seeded and reproducible: every failure prints its configuration and the
-// run's seed.
+// (element, cache (NVFP4 too) and position types, head dim, rotary dim and style, sizes, q and k outputs,
+// norms, cache layouts and strides, a fused qkv buffer, slot and position patterns, scales, misalignment,
+// mRoPE) checked against the float64 reference. Seeded and reproducible: every failure prints its
+// configuration and the run's seed.
 //
 //   KVROPE_RANDOM_CONFIGS  configurations per run (default 300; the long run uses 2000 or more)
 //   KVROPE_RANDOM_SEED     seed of the run (default 20261202)
@@ -22,8 +22,8 @@ int64_t env_int(const char* name, int64_t fallback) {
   return v && *v ? std::strtoll(v, nullptr, 10) : fallback;
 }
 
-// One random configuration; `dtype` picks T (0 bf16, 1 fp16, 2 fp32), `cache` C (0 T, 1 e4m3, 2 e5m2),
-// `pos64` the position type.
+// One random configuration; `dtype` picks T (0 bf16, 1 fp16, 2 fp32), `cache` C (0 T, 1 e4m3, 2 e5m2,
+// 3 NVFP4), `pos64` the position type.
 struct Draw {
   AppendConfig cfg;
   int dtype, cache;
@@ -35,7 +35,7 @@ Draw draw(std::mt19937_64& rng, uint64_t seed) {
   Draw d{};
   AppendConfig& c = d.cfg;
   d.dtype = static_cast<int>(uniform(0, 2));
-  d.cache = static_cast<int>(uniform(0, 2));
+  d.cache = uniform(0, 7) == 0 ? 3 : static_cast<int>(uniform(0, 2));  // NVFP4 one time in eight
   d.pos64 = uniform(0, 1) == 1;
   const int64_t compiled[] = {64, 80, 96, 128, 256};
   c.head_dim = uniform(0, 2) < 2 ? compiled[uniform(0, 4)] : 2 * uniform(1, 160);
@@ -78,6 +78,24 @@ Draw draw(std::mt19937_64& rng, uint64_t seed) {
     c.scales = static_cast<Scales>(uniform(0, 2));
     if (uniform(0, 5) == 0) c.scale_magnitude = uniform(0, 1) ? 0.003f : 50.0f;  // saturation, subnormals
   }
+  if (d.cache == 3) {
+    // What NVFP4 caches take (validate): D and R multiples of 32, D at most 64 chunks of 16 bytes, every row
+    // 16-byte aligned (code rows to a chunk's codes; block-scale rows anywhere).
+    const int64_t most = d.dtype == 2 ? 256 : 512;
+    c.head_dim = std::min<int64_t>(32 * uniform(1, most / 32), uniform(0, 2) < 2 ? 256 : most);
+    c.rotary_dim = uniform(0, 2) == 0 ? 32 * uniform(1, c.head_dim / 32) : 0;
+    if (c.rotary_dim == c.head_dim) c.rotary_dim = 0;
+    while (c.tokens * (c.query_heads + 2 * c.heads) * c.head_dim > (int64_t{1} << 22) && c.query_heads + c.heads > 1) {
+      c.query_heads /= 2;
+      c.heads = (c.heads + 1) / 2;
+    }
+    c.offset = 0;
+    c.token_pad = c.token_pad / 8 * 8;
+    c.k_pad = c.k_pad / 8 * 8;
+    c.v_pad = c.v_pad / 8 * 8;
+    c.sf_pad = uniform(0, 3) == 0 ? uniform(1, 5) : 0;
+    if (uniform(0, 5) == 0) c.scale_magnitude = uniform(0, 1) ? 0.0005f : 1.0e4f;  // scales saturate, underflow
+  }
   if (uniform(0, 3) == 0) {
     // mRoPE: three sections of the R/2 pairs (Qwen's proportions, or any), contiguous or interleaved, and a
     // stream stride of T, more, or 0 (one stream read as all three).
@@ -110,7 +128,8 @@ void run_dtype(const Draw& d) {
   switch (d.cache) {
     case 0: run_one<T, T>(d); break;
     case 1: run_one<T, __nv_fp8_e4m3>(d); break;
-    default: run_one<T, __nv_fp8_e5m2>(d); break;
+    case 2: run_one<T, __nv_fp8_e5m2>(d); break;
+    default: run_one<T, kvrope::nvfp4_e2m1x2>(d); break;
   }
 }
 
@@ -125,7 +144,7 @@ TEST_CASE("append: random configurations match the float64 reference", "[gpu][ap
   for (int64_t i = 0; i < configs; ++i) {
     const Draw d = draw(rng, seed * 1000003u + static_cast<uint64_t>(i));
     const char* dtypes[] = {"bf16", "fp16", "fp32"};
-    const char* caches[] = {"cache T", "cache e4m3", "cache e5m2"};
+    const char* caches[] = {"cache T", "cache e4m3", "cache e5m2", "cache NVFP4"};
     INFO("run seed " << seed << ", configuration " << i << " of " << configs << ", " << dtypes[d.dtype] << ", "
                      << caches[d.cache] << (d.pos64 ? ", int64" : ", int32") << " positions: " << d.cfg.describe());
     switch (d.dtype) {

@@ -264,6 +264,21 @@ TEST_CASE("a block split over two lanes quantizes as the whole", "[host][nvfp4]"
   }
 }
 
+TEST_CASE("a block split over four lanes (16 bytes of fp32 each) quantizes as the whole", "[host][nvfp4]") {
+  // The append's fp32 layout: four quarters' amax combined (two shuffles of fmaxf), each quarter's 2-byte word
+  // (nvfp4_pack<4>) the whole block's bytes 2q and 2q + 1.
+  for (const testing::Nvfp4Case& c : testing::nvfp4_random_cases(8, 20000, /*extremes=*/true)) {
+    const float amax = fmaxf(fmaxf(detail::nvfp4_amax<4>(c.x), detail::nvfp4_amax<4>(c.x + 4)),
+                             fmaxf(detail::nvfp4_amax<4>(c.x + 8), detail::nvfp4_amax<4>(c.x + 12)));
+    CHECK(to_bits(amax) == to_bits(detail::nvfp4_amax<16>(c.x)));
+    const detail::Nvfp4Scale s = detail::nvfp4_block_scale(amax, c.g);
+    const detail::Nvfp4Block whole = detail::nvfp4_quantize_block(c.x, c.g);
+    CHECK(s.code == whole.scale);
+    for (int q = 0; q < 4; ++q)
+      CHECK(detail::nvfp4_pack<4>(c.x + 4 * q, s.inv) == ((whole.packed[q / 2] >> (16 * (q % 2))) & 0xFFFFu));
+  }
+}
+
 TEST_CASE("nvfp4 rows: reference::nvfp4_quantize_row and nvfp4_dequantize", "[host][nvfp4]") {
   // D = 64: four blocks; what attention reads back is e2m1 · s · g, within half an e2m1 step of x.
   std::mt19937 rng(5);

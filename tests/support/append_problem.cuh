@@ -1,8 +1,9 @@
 // GPU test fixture of the append (docs/spec.md §6): a configuration drawn or written by a test, its device
 // buffers (random normal inputs, outputs and caches poisoned with 0xFF bytes), the launch (direct or
 // replayed from a CUDA graph), and the check of everything the call left against the float64 reference:
-// every output row (verify::check_append), every element outside the rows (padding, the gaps of a
-// fused qkv buffer) unchanged, the error flag.
+// every output row (verify::check_append; NVFP4 blocks bit for bit given the GPU's own quotients and
+// reciprocals, gpu_nvfp4_oracle), every element outside the rows (padding, the gaps of a fused qkv buffer)
+// unchanged, the error flag.
 #pragma once
 
 #include <kvrope/append.cuh>
@@ -22,6 +23,34 @@
 #include "verify/check_append.hpp"
 
 namespace kvrope::testing {
+
+// One (amax, global scale) a thread: the block scale's quotient and reciprocal as the GPU computes them
+// (detail::nvfp4_block_scale, the kernels' own instructions). A template: one definition in every test that
+// includes this header.
+template <int kUnused = 0>
+__global__ void nvfp4_block_scales(const float* asked, int n, float* answers) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= n) return;
+  const detail::Nvfp4Scale s = detail::nvfp4_block_scale(asked[2 * i], asked[2 * i + 1]);
+  answers[2 * i] = s.quotient;
+  answers[2 * i + 1] = s.inv;
+}
+
+//! The GPU's quotients and reciprocals for check_append's NVFP4 blocks (verify::Nvfp4Oracle), from the device.
+inline verify::Nvfp4Oracle gpu_nvfp4_oracle() {
+  return [](const std::vector<std::array<float, 2>>& asked) {
+    std::vector<reference::Nvfp4Approx> out(asked.size());
+    if (asked.empty()) return out;
+    const int n = static_cast<int>(asked.size());
+    DeviceBuffer<float> d_asked(2 * asked.size()), d_answers(2 * asked.size());
+    KVROPE_CUDA_REQUIRE(cudaMemcpy(d_asked.get(), asked.data(), 8 * asked.size(), cudaMemcpyHostToDevice));
+    nvfp4_block_scales<><<<(n + 255) / 256, 256>>>(d_asked.get(), n, d_answers.get());
+    KVROPE_CUDA_REQUIRE(cudaGetLastError());
+    const std::vector<float> answers = d_answers.to_host();
+    for (size_t i = 0; i < asked.size(); ++i) out[i] = {answers[2 * i], answers[2 * i + 1]};
+    return out;
+  };
+}
 
 enum class KeyWrite { kOut, kInPlace, kNone };  // key_out, key in place, or the caches only
 // How tokens name slots (and, for the first two, their positions):
@@ -56,6 +85,7 @@ struct AppendConfig {
   bool contiguous = false;  // kSequences: one page a sequence of P = S_max (a contiguous per-sequence cache)
   CacheKind k_cache = CacheKind::kNHD, v_cache = CacheKind::kNHD;
   int64_t k_pad = 0, v_pad = 0;  // extra elements after each cache row: the two caches' strides differ
+  int64_t sf_pad = 0;            // NVFP4: extra bytes after each block-scale row (both caches')
   bool fused_qkv = false;        // q, k, v views of one qkv [T, (Hq + 2 H) D + token_pad]
   bool query_out = false;
   bool query_fp8 =
@@ -83,7 +113,7 @@ struct AppendConfig {
     os << "T=" << tokens << " H=" << heads << " Hq=" << query_heads << " D=" << head_dim << " R=" << rotary_dim
        << (style == RotaryStyle::kInterleaved ? " interleaved" : " rotate-half") << " P=" << page_size
        << (contiguous ? " contiguous" : "") << " k_cache=" << (k_cache == CacheKind::kNHD ? "NHD" : "HND") << "+"
-       << k_pad << " v_cache=" << (v_cache == CacheKind::kNHD ? "NHD" : "HND") << "+" << v_pad
+       << k_pad << " v_cache=" << (v_cache == CacheKind::kNHD ? "NHD" : "HND") << "+" << v_pad << " sf_pad=" << sf_pad
        << (fused_qkv ? " fused_qkv" : "")
        << (query_fp8   ? " query_out_fp8"
            : query_out ? " query_out"
@@ -194,7 +224,7 @@ struct AppendSnapshot {
   std::vector<T> q, k, v, qkv, q_out, k_out, table, q_weight, k_weight;
   std::vector<float> table_f32;
   std::vector<C> kc, vc;
-  std::vector<__nv_fp8_e4m3> q_out8;
+  std::vector<__nv_fp8_e4m3> q_out8, ks, vs;  // (ks, vs: NVFP4's block scales)
 };
 
 //! The same view over a host copy of the device buffer it points into (null stays null).
@@ -245,7 +275,7 @@ struct AppendProblem {
   DeviceBuffer<T> q, k, v, qkv, q_out, k_out, table, q_weight, k_weight;
   DeviceBuffer<float> table_f32, k_scale, v_scale, q_scale;
   DeviceBuffer<C> kc, vc;
-  DeviceBuffer<__nv_fp8_e4m3> q_out8;
+  DeviceBuffer<__nv_fp8_e4m3> q_out8, ks, vs;  // (ks, vs: NVFP4's block scales)
   DeviceBuffer<Pos> pos;
   DeviceBuffer<int64_t> slots;
   DeviceBuffer<int> flag;
@@ -258,18 +288,25 @@ struct AppendProblem {
   const DeviceBuffer<T>& v_buf() const { return cfg.fused_qkv ? qkv : v; }
   int64_t token_row(int64_t heads) const { return heads * cfg.head_dim + cfg.token_pad; }
   int64_t qkv_row() const { return token_row(cfg.query_heads + 2 * cfg.heads); }
-  int64_t cache_row_len(int64_t pad) const { return cfg.head_dim + pad; }
+  // A cache row's elements of C (NVFP4: D / 2 bytes), then `pad` more; a block-scale row's D / 16 bytes.
+  int64_t cache_row_len(int64_t pad) const { return (kIsNvfp4<C> ? cfg.head_dim / 2 : cfg.head_dim) + pad; }
+  int64_t scale_row_len() const { return cfg.head_dim / 16 + cfg.sf_pad; }
   int64_t stream_stride() const { return cfg.has_mrope() ? cfg.tokens + cfg.stream_pad : 0; }
 
-  PagedCache<C> cache_view(C* data, CacheKind kind, int64_t pad) const {
-    const int64_t row = cache_row_len(pad), P = plan.page_size, H = cfg.heads;
+  template <typename U>
+  PagedCache<U> paged_view(U* data, CacheKind kind, int64_t row) const {
+    const int64_t P = plan.page_size, H = cfg.heads;
     if (data == nullptr) return {};
-    return kind == CacheKind::kNHD ? PagedCache<C>{data + cfg.offset, P * H * row, H * row, row}
-                                   : PagedCache<C>{data + cfg.offset, H * P * row, row, P * row};
+    return kind == CacheKind::kNHD ? PagedCache<U>{data + cfg.offset, P * H * row, H * row, row}
+                                   : PagedCache<U>{data + cfg.offset, H * P * row, row, P * row};
   }
-  size_t cache_size(int64_t pad) const {
-    return static_cast<size_t>(cfg.offset + plan.num_pages * plan.page_size * cfg.heads * cache_row_len(pad));
+  PagedCache<C> cache_view(C* data, CacheKind kind, int64_t pad) const {
+    return paged_view(data, kind, cache_row_len(pad));
   }
+  size_t paged_size(int64_t row) const {
+    return static_cast<size_t>(cfg.offset + plan.num_pages * plan.page_size * cfg.heads * row);
+  }
+  size_t cache_size(int64_t pad) const { return paged_size(cache_row_len(pad)); }
 
   explicit AppendProblem(const AppendConfig& c) : cfg(c) {
     const int64_t N = c.tokens, H = c.heads, Hq = c.query_heads, D = c.head_dim, o = c.offset;
@@ -296,6 +333,10 @@ struct AppendProblem {
     if (c.key == KeyWrite::kOut) k_out = DeviceBuffer<T>(H ? tokens_of(H) : 0);
     kc = DeviceBuffer<C>(H ? cache_size(c.k_pad) : 0);
     vc = DeviceBuffer<C>(H ? cache_size(c.v_pad) : 0);
+    if constexpr (kIsNvfp4<C>) {
+      ks = DeviceBuffer<__nv_fp8_e4m3>(H ? paged_size(scale_row_len()) : 0);
+      vs = DeviceBuffer<__nv_fp8_e4m3>(H ? paged_size(scale_row_len()) : 0);
+    }
     const size_t table_len = static_cast<size_t>(o + plan.max_position * R);
     if (c.table_f32)
       table_f32 = DeviceBuffer<float>(table_len);
@@ -313,7 +354,7 @@ struct AppendProblem {
           cudaMemcpy(pos.get(), host_pos.data(), host_pos.size() * sizeof(Pos), cudaMemcpyHostToDevice));
       KVROPE_CUDA_REQUIRE(cudaMemcpy(slots.get(), plan.slots.data(), N * sizeof(int64_t), cudaMemcpyHostToDevice));
     }
-    if constexpr (kIsFp8<C>) {
+    if constexpr (kIsQuantized<C>) {
       if (c.scales != Scales::kNone) {
         const int64_t n = c.scales == Scales::kHead ? H : 1;
         std::uniform_real_distribution<float> u(0.3f, 3.0f);
@@ -369,6 +410,8 @@ struct AppendProblem {
     p.norm_weight_plus_one = cfg.plus_one;
     p.key_cache = cache_view(kc.get(), cfg.k_cache, cfg.k_pad);
     p.value_cache = cache_view(vc.get(), cfg.v_cache, cfg.v_pad);
+    p.key_block_scales = paged_view(ks.get(), cfg.k_cache, scale_row_len());
+    p.value_block_scales = paged_view(vs.get(), cfg.v_cache, scale_row_len());
     p.page_size = plan.page_size;
     p.num_pages = plan.num_pages;
     p.slot_mapping = slots.get();
@@ -395,6 +438,8 @@ struct AppendProblem {
     poison(k_out);
     poison(kc);
     poison(vc);
+    poison(ks);
+    poison(vs);
     KVROPE_CUDA_REQUIRE(cudaMemset(flag.get(), 0, sizeof(int)));
   }
   AppendSnapshot<T, C> snapshot() const {
@@ -404,6 +449,7 @@ struct AppendProblem {
     s.table = table.to_host(), s.table_f32 = table_f32.to_host();
     s.q_weight = q_weight.to_host(), s.k_weight = k_weight.to_host();
     s.kc = kc.to_host(), s.vc = vc.to_host();
+    s.ks = ks.to_host(), s.vs = vs.to_host();
     return s;
   }
 
@@ -430,6 +476,8 @@ struct AppendProblem {
     p.key_norm_weight = rebase_ptr(p.key_norm_weight, k_weight, s.k_weight);
     p.key_cache = rebase(p.key_cache, kc, s.kc);
     p.value_cache = rebase(p.value_cache, vc, s.vc);
+    p.key_block_scales = rebase(p.key_block_scales, ks, s.ks);
+    p.value_block_scales = rebase(p.value_block_scales, vs, s.vs);
     p.positions = host_pos.data();
     p.slot_mapping = plan.slots.data();
     p.key_scale = host_k_scale.empty() ? nullptr : host_k_scale.data();
@@ -458,7 +506,11 @@ struct AppendProblem {
                      now.key_cache.head_stride};
     out.value_cache = {now.value_cache.data, now.value_cache.page_stride, now.value_cache.offset_stride,
                        now.value_cache.head_stride};
-    const verify::CheckResult r = verify::check_append(in, out);
+    out.key_block_scales = {now.key_block_scales.data, now.key_block_scales.page_stride,
+                            now.key_block_scales.offset_stride, now.key_block_scales.head_stride};
+    out.value_block_scales = {now.value_block_scales.data, now.value_block_scales.page_stride,
+                              now.value_block_scales.offset_stride, now.value_block_scales.head_stride};
+    const verify::CheckResult r = verify::check_append(in, out, gpu_nvfp4_oracle());
     INFO("checked " << r.checked << ", mismatches " << r.mismatches << ": " << r.first_mismatch);
     CHECK(r.ok());
     const int64_t N = cfg.tokens, H = cfg.heads, Hq = cfg.query_heads, D = cfg.head_dim;
@@ -502,9 +554,18 @@ struct AppendProblem {
       std::vector<char> cov(buf.size(), 0);
       if (c.data)
         mark_rows(cov, c.data - buf.get(),
-                  {{plan.num_pages, c.page_stride}, {plan.page_size, c.offset_stride}, {H, c.head_stride}}, D);
+                  {{plan.num_pages, c.page_stride}, {plan.page_size, c.offset_stride}, {H, c.head_stride}},
+                  cache_row_len(0));
       expect_outside_unchanged(which ? "value_cache" : "key_cache", which ? before.vc : before.kc,
                                which ? after.vc : after.kc, cov);
+      const PagedCache<__nv_fp8_e4m3>& sf = which ? params.value_block_scales : params.key_block_scales;
+      const DeviceBuffer<__nv_fp8_e4m3>& sf_buf = which ? vs : ks;
+      std::vector<char> sf_cov(sf_buf.size(), 0);
+      if (sf.data)
+        mark_rows(sf_cov, sf.data - sf_buf.get(),
+                  {{plan.num_pages, sf.page_stride}, {plan.page_size, sf.offset_stride}, {H, sf.head_stride}}, D / 16);
+      expect_outside_unchanged(which ? "value_block_scales" : "key_block_scales", which ? before.vs : before.ks,
+                               which ? after.vs : after.ks, sf_cov);
     }
 
     const reference::AppendFlag want = reference::expected_append_flag(in);
@@ -528,7 +589,7 @@ struct AppendProblem {
   }
 };
 
-//! Builds, runs and checks one configuration.
+//! Builds, runs and checks one configuration (`C` may be kvrope::nvfp4_e2m1x2: NVFP4 caches).
 template <typename T, typename C, typename Pos>
 void run_append_case(const AppendConfig& c) {
   AppendProblem<T, C, Pos> p(c);
