@@ -127,15 +127,21 @@ void check_on_device(const char* name, const at::Tensor& x, const Like& like) {
 }
 
 // The caches' element type from key_cache's dtype and kv_cache_dtype ("auto": the tensor's dtype says;
-// uint8, vLLM's fp8 storage, needs the format named).
+// uint8, vLLM's fp8 storage and FlashInfer's NVFP4 codes, needs the format named).
 CacheType cache_type_of(const at::Tensor& cache, at::ScalarType t, const std::string& kind) {
-  TORCH_CHECK_VALUE(kind == "auto" || kind == "fp8" || kind == "fp8_e4m3" || kind == "fp8_e5m2",
-                    "kvrope: kv_cache_dtype must be 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2', not '", kind, "'");
+  TORCH_CHECK_VALUE(kind == "auto" || kind == "fp8" || kind == "fp8_e4m3" || kind == "fp8_e5m2" || kind == "nvfp4",
+                    "kvrope: kv_cache_dtype must be 'auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2' or 'nvfp4', not '", kind,
+                    "'");
   const bool e4m3 = kind == "fp8" || kind == "fp8_e4m3", e5m2 = kind == "fp8_e5m2";
   const auto c = cache.scalar_type();
+  if (kind == "nvfp4") {
+    TORCH_CHECK_TYPE(c == at::kByte, "kvrope: kv_cache_dtype 'nvfp4' takes uint8 caches: key_cache is ", dtype_name(c));
+    return CacheType::kNvfp4;
+  }
   if (c == at::kByte) {
-    TORCH_CHECK_VALUE(e4m3 || e5m2,
-                      "kvrope: a uint8 cache needs kv_cache_dtype 'fp8', 'fp8_e4m3' or 'fp8_e5m2', not 'auto'");
+    TORCH_CHECK_VALUE(
+        e4m3 || e5m2,
+        "kvrope: a uint8 cache needs kv_cache_dtype 'fp8', 'fp8_e4m3', 'fp8_e5m2' or 'nvfp4', not 'auto'");
     return e4m3 ? CacheType::kFp8E4m3 : CacheType::kFp8E5m2;
   }
   const bool known = c == t || c == at::kFloat8_e4m3fn || c == at::kFloat8_e5m2;
@@ -149,9 +155,9 @@ CacheType cache_type_of(const at::Tensor& cache, at::ScalarType t, const std::st
   return type;
 }
 
-// A per-tensor scale (one element) or per-head scales [H] of an fp8 cache, float32; true when per head.
+// A per-tensor scale (one element) or per-head scales [H] of an fp8 or NVFP4 cache, float32; true when per head.
 bool check_scale(const char* name, const at::Tensor& s, const Like& like, int64_t h, CacheType cache) {
-  TORCH_CHECK_VALUE(cache != CacheType::kSame, "kvrope: ", name, " needs an fp8 cache");
+  TORCH_CHECK_VALUE(cache != CacheType::kSame, "kvrope: ", name, " needs an fp8 or NVFP4 cache");
   TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "kvrope: ", name, " must be float32, not ",
                    dtype_name(s.scalar_type()));
   check_on_device(name, s, like);
@@ -211,6 +217,21 @@ void check_mrope_section(const std::vector<int64_t>& s, int64_t r) {
                     " (R = cos_sin_cache.shape[-1]), not ", dims(s));
 }
 
+// An NVFP4 cache's block scales (FlashInfer's kv_cache_sf): float8_e4m3fn, on key's device, the caches' shape
+// with D / 16 in the last dim (`shape`), that dim contiguous.
+void check_block_scales(const char* name, const c10::optional<at::Tensor>& sf, const Like& like,
+                        const std::vector<int64_t>& shape) {
+  TORCH_CHECK_VALUE(sf.has_value(), "kvrope: an NVFP4 cache (kv_cache_dtype 'nvfp4') needs ", name,
+                    ", its block scales");
+  const at::Tensor& x = *sf;
+  check_on_device(name, x, like);
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat8_e4m3fn, "kvrope: ", name, " must be float8_e4m3fn, not ",
+                   dtype_name(x.scalar_type()));
+  TORCH_CHECK_VALUE(x.sizes() == at::IntArrayRef(shape), "kvrope: ", name, " has shape ", dims(x.sizes()),
+                    ", expected ", dims(shape), " (the caches' with D / 16 last)");
+  check_last_dim(name, x);
+}
+
 void check_error_flag(const c10::optional<at::Tensor>& flag, const Like& like) {
   if (!flag.has_value()) return;
   const at::Tensor& f = *flag;
@@ -254,17 +275,20 @@ CacheType check_append(AppendTensors& t) {
   TORCH_CHECK_VALUE(slots.is_contiguous(), "kvrope: slot_mapping must be contiguous");
   const int64_t r = check_table_cache(t.cos_sin_cache, k, d);
   if (mrope) check_mrope_section(t.mrope_section, r);
-  // The caches: [pages, P, H, D] or [slots, H, D], one shape and dtype, strides their own.
+  // The caches: [pages, P, H, D] or [slots, H, D] (NVFP4: D / 2 bytes of codes), one shape and dtype, strides
+  // their own.
   const at::Tensor& kc = t.key_cache;
   TORCH_CHECK_VALUE(kc.dim() == 4 || kc.dim() == 3, "kvrope: key_cache must be [pages, P, H, D] or [slots, H, D], got ",
                     dims(kc.sizes()));
+  check_on_device("key_cache", kc, k);
+  const CacheType cache = cache_type_of(kc, t.key.scalar_type(), t.kv_cache_dtype);
+  const bool nvfp4 = cache == CacheType::kNvfp4;
   std::vector<int64_t> cache_shape(kc.sizes().begin(), kc.sizes().end());
   cache_shape[kc.dim() - 2] = h;
-  cache_shape[kc.dim() - 1] = d;
-  check_on_device("key_cache", kc, k);
+  cache_shape[kc.dim() - 1] = nvfp4 ? d / 2 : d;
   TORCH_CHECK_VALUE(kc.sizes() == at::IntArrayRef(cache_shape), "kvrope: key_cache has shape ", dims(kc.sizes()),
-                    ", expected ", dims(cache_shape), " (an HND cache [pages, H, P, D] as its transpose(1, 2))");
-  const CacheType cache = cache_type_of(kc, t.key.scalar_type(), t.kv_cache_dtype);
+                    ", expected ", dims(cache_shape), " (an HND cache [pages, H, P, D] as its transpose(1, 2)",
+                    nvfp4 ? "; NVFP4: D / 2 bytes a row)" : ")");
   check_on_device("value_cache", t.value_cache, k);
   TORCH_CHECK_TYPE(t.value_cache.scalar_type() == kc.scalar_type(), "kvrope: value_cache is ",
                    dtype_name(t.value_cache.scalar_type()), ", key_cache ", dtype_name(kc.scalar_type()),
@@ -273,6 +297,25 @@ CacheType check_append(AppendTensors& t) {
                     ", expected ", dims(kc.sizes()));
   check_last_dim("key_cache", kc);
   check_last_dim("value_cache", t.value_cache);
+  if (nvfp4) {
+    // A block of 16 values is one chunk of neighbouring lanes (kvrope's detail/append/formats.cuh): D and R
+    // multiples of 32, D at most 64 chunks of 16 bytes (kvrope's validate also asks 16-byte aligned rows).
+    const int64_t most = t.key.scalar_type() == at::kFloat ? 256 : 512;
+    TORCH_CHECK_VALUE(d % 32 == 0 && d <= most,
+                      "kvrope: an NVFP4 cache needs key's head_dim a multiple of 32, at most ", std::to_string(most),
+                      " in ", dtype_name(t.key.scalar_type()), ", not ", std::to_string(d));
+    TORCH_CHECK_VALUE(r % 32 == 0, "kvrope: an NVFP4 cache needs the rotary dim R = cos_sin_cache.shape[-1] a ",
+                      "multiple of 32, not ", std::to_string(r));
+    std::vector<int64_t> sf_shape = cache_shape;
+    sf_shape.back() = d / 16;
+    check_block_scales("key_cache_sf", t.key_cache_sf, k, sf_shape);
+    check_block_scales("value_cache_sf", t.value_cache_sf, k, sf_shape);
+  } else {
+    TORCH_CHECK_VALUE(!t.key_cache_sf.has_value(),
+                      "kvrope: key_cache_sf needs an NVFP4 cache (kv_cache_dtype 'nvfp4')");
+    TORCH_CHECK_VALUE(!t.value_cache_sf.has_value(),
+                      "kvrope: value_cache_sf needs an NVFP4 cache (kv_cache_dtype 'nvfp4')");
+  }
   bool per_head[2] = {false, false};
   if (t.k_scale.has_value()) per_head[0] = check_scale("k_scale", *t.k_scale, k, h, cache);
   if (t.v_scale.has_value()) per_head[1] = check_scale("v_scale", *t.v_scale, k, h, cache);

@@ -38,9 +38,10 @@ kvrope::Status launch_append(const kvrope::AppendParams<T, C, Pos>& p, cudaStrea
   template kvrope::Status kvrope_torch::launch_append(const kvrope::AppendParams<T, C, int64_t>&, cudaStream_t); \
   template kvrope::Status kvrope_torch::launch_append(const kvrope::AppendParams<T, C, int32_t>&, cudaStream_t)
 
-//! The append launchers of element type T for its three cache types and both position types, in a
+//! The append launchers of element type T for its four cache types and both position types, in a
 //! CUDA file of their own a dtype (launch_append_*.cu), so that they compile beside the others.
 #define KVROPE_TORCH_APPEND_LAUNCHERS(T)          \
   KVROPE_TORCH_APPEND_LAUNCHER(T, T);             \
   KVROPE_TORCH_APPEND_LAUNCHER(T, __nv_fp8_e4m3); \
-  KVROPE_TORCH_APPEND_LAUNCHER(T, __nv_fp8_e5m2)
+  KVROPE_TORCH_APPEND_LAUNCHER(T, __nv_fp8_e5m2); \
+  KVROPE_TORCH_APPEND_LAUNCHER(T, kvrope::nvfp4_e2m1x2)

@@ -70,7 +70,9 @@ void append_inplace_cuda(const c10::optional<at::Tensor>& query, const at::Tenso
                          c10::string_view kv_cache_dtype, const c10::optional<at::Tensor>& k_scale,
                          const c10::optional<at::Tensor>& v_scale, const c10::optional<at::Tensor>& error_flag,
                          int64_t rotary_dim, int64_t style, const c10::optional<at::Tensor>& q_scale, bool enable_pdl,
-                         c10::IntArrayRef mrope_section, bool mrope_interleaved) {
+                         c10::IntArrayRef mrope_section, bool mrope_interleaved,
+                         const c10::optional<at::Tensor>& key_cache_sf,
+                         const c10::optional<at::Tensor>& value_cache_sf) {
   AppendTensors t;
   t.query = query;
   t.key = key;
@@ -97,6 +99,8 @@ void append_inplace_cuda(const c10::optional<at::Tensor>& query, const at::Tenso
   t.enable_pdl = enable_pdl;
   t.mrope_section.assign(mrope_section.begin(), mrope_section.end());
   t.mrope_interleaved = mrope_interleaved;
+  t.key_cache_sf = key_cache_sf;
+  t.value_cache_sf = value_cache_sf;
   const CacheType cache = check_append(t);
   switch (t.key.scalar_type()) {
     case at::kBFloat16: return append_cuda<DType::kBf16>(t, cache);
@@ -214,17 +218,20 @@ void append_inplace_versions(c10::DispatchKeySet keys, const c10::optional<at::T
                              const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                              const c10::optional<at::Tensor>& error_flag, int64_t rotary_dim, int64_t style,
                              const c10::optional<at::Tensor>& q_scale, bool enable_pdl, c10::IntArrayRef mrope_section,
-                             bool mrope_interleaved) {
+                             bool mrope_interleaved, const c10::optional<at::Tensor>& key_cache_sf,
+                             const c10::optional<at::Tensor>& value_cache_sf) {
   static const auto op = typed_op<decltype(append_inplace_cuda)>("kvrope::rope_append_");
   {
     const at::AutoDispatchBelowADInplaceOrView guard;
     op.redispatch(keys & c10::after_ADInplaceOrView_keyset, query, key, value, positions, cos_sin_cache, key_cache,
                   value_cache, slot_mapping, query_out, key_out, key_in_place, query_norm_weight, key_norm_weight,
                   norm_eps, norm_weight_plus_one, kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style,
-                  q_scale, enable_pdl, mrope_section, mrope_interleaved);
+                  q_scale, enable_pdl, mrope_section, mrope_interleaved, key_cache_sf, value_cache_sf);
   }
   bump(key_cache);
   bump(value_cache);
+  bump(key_cache_sf);
+  bump(value_cache_sf);
   bump(query_out.has_value() ? query_out : query);
   bump(key_out);
   if (key_in_place) bump(key);
@@ -272,8 +279,9 @@ TORCH_LIBRARY(kvrope, m) {
       "(Tensor, Tensor, Tensor, Tensor)");
   // The serving forward (docs/spec.md §6): q (in place, or into query_out: q's dtype, or float8_e4m3fn
   // divided by q_scale) and k (into key_out, or in place with key_in_place) optionally normed and rotated;
-  // RoPE(k) and v into the caches' slots. q_scale, enable_pdl (a programmatic dependent launch) and mRoPE
-  // (mrope_section: positions [3, T]) come last (added later): callers by position keep working.
+  // RoPE(k) and v into the caches' slots (NVFP4: with their block scales key_cache_sf, value_cache_sf).
+  // q_scale, enable_pdl (a programmatic dependent launch), mRoPE (mrope_section: positions [3, T]) and the
+  // block scales come last (added later): callers by position keep working.
   m.def(
       "rope_append_(Tensor(a!)? query, Tensor(b!) key, Tensor value, Tensor positions, Tensor cos_sin_cache, "
       "Tensor(c!) key_cache, Tensor(d!) value_cache, Tensor slot_mapping, Tensor(e!)? query_out=None, "
@@ -281,7 +289,7 @@ TORCH_LIBRARY(kvrope, m) {
       "Tensor? key_norm_weight=None, float norm_eps=1e-06, bool norm_weight_plus_one=False, "
       "str kv_cache_dtype=\"auto\", Tensor? k_scale=None, Tensor? v_scale=None, Tensor(g!)? error_flag=None, "
       "int rotary_dim=0, int style=0, Tensor? q_scale=None, bool enable_pdl=False, int[] mrope_section=[], "
-      "bool mrope_interleaved=False) -> ()");
+      "bool mrope_interleaved=False, Tensor(h!)? key_cache_sf=None, Tensor(i!)? value_cache_sf=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvrope, ADInplaceOrView, m) {

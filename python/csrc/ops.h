@@ -36,13 +36,15 @@ struct BackwardTensors {
 //! kvrope::rope_append_ (the serving forward, docs/spec.md §6): q [T, Hq, D] and k [T, H, D] optionally
 //! RMS-normed and rotated (q in place or into query_out, in q's dtype or fp8 e4m3 divided by q_scale; k
 //! into key_out, or in place with key_in_place), RoPE(k) and v written to the caches' rows of
-//! slot_mapping, quantized for fp8 caches. A cache is [pages, P, H, D] by its strides (NHD, or HND as its
-//! transpose(1, 2) view) or flat [slots, H, D]. With mrope_section, positions is [3, T] (mRoPE).
+//! slot_mapping, quantized for fp8 and NVFP4 caches. A cache is [pages, P, H, D] by its strides (NHD, or HND
+//! as its transpose(1, 2) view) or flat [slots, H, D]; an NVFP4 cache's rows are D / 2 bytes of codes, its
+//! block scales (key_cache_sf, value_cache_sf) the same shape with D / 16 e4m3 bytes. With mrope_section,
+//! positions is [3, T] (mRoPE).
 struct AppendTensors {
   c10::optional<at::Tensor> query;
   at::Tensor key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping;
   c10::optional<at::Tensor> query_out, key_out, query_norm_weight, key_norm_weight, k_scale, v_scale, error_flag,
-      q_scale;
+      q_scale, key_cache_sf, value_cache_sf;
   bool key_in_place = false, norm_weight_plus_one = false;
   bool enable_pdl = false;  // a programmatic dependent launch (kvrope::AppendParams::enable_pdl)
   // mRoPE: positions [3, T] with three sections (empty: positions [T])
@@ -53,8 +55,9 @@ struct AppendTensors {
   int64_t rotary_dim = 0, style = 0;
 };
 
-//! The element type of a call's caches: q's dtype, or fp8 (a float8 tensor, or uint8 named by kv_cache_dtype).
-enum class CacheType : int { kSame, kFp8E4m3, kFp8E5m2 };
+//! The element type of a call's caches: q's dtype, fp8 (a float8 tensor, or uint8 named by kv_cache_dtype), or
+//! NVFP4 (uint8, kv_cache_dtype 'nvfp4').
+enum class CacheType : int { kSame, kFp8E4m3, kFp8E5m2, kNvfp4 };
 
 //! The CUDA forward's checks (every tensor of `t`, rotary_dim, style); returns kvrope's rotary_dim (the
 //! tables' R; 0 for R = D).

@@ -46,10 +46,14 @@ int* flag_ptr(const c10::optional<at::Tensor>& flag) {
 // where the library names it otherwise; a field no argument gives (a size, an output the op allocates)
 // as it is.
 std::string argument_of(const char* field) {
-  static const std::pair<const char*, const char*> renamed[] = {
-      {"query_out_fp8", "query_out"}, {"cos_sin_cache_f32", "cos_sin_cache"},
-      {"key_scale", "k_scale"},       {"value_scale", "v_scale"},
-      {"query_scale", "q_scale"},     {"position_stream_stride", "positions"}};
+  static const std::pair<const char*, const char*> renamed[] = {{"query_out_fp8", "query_out"},
+                                                                {"cos_sin_cache_f32", "cos_sin_cache"},
+                                                                {"key_scale", "k_scale"},
+                                                                {"value_scale", "v_scale"},
+                                                                {"query_scale", "q_scale"},
+                                                                {"position_stream_stride", "positions"},
+                                                                {"key_block_scales", "key_cache_sf"},
+                                                                {"value_block_scales", "value_cache_sf"}};
   const std::string f(field);
   const size_t dot = f.find('.');
   for (const auto& [library, argument] : renamed)
@@ -220,6 +224,10 @@ void append_typed(const AppendTensors& t, cudaStream_t stream) {
   p.slot_mapping = t.slot_mapping.data_ptr<int64_t>();
   p.key_scale = data_or_null<float>(t.k_scale);
   p.value_scale = data_or_null<float>(t.v_scale);
+  if constexpr (kvrope::kIsNvfp4<C>) {  // (checks.cpp: given, the caches' shape)
+    p.key_block_scales = paged_cache<__nv_fp8_e4m3>(*t.key_cache_sf);
+    p.value_block_scales = paged_cache<__nv_fp8_e4m3>(*t.value_cache_sf);
+  }
   p.enable_pdl = t.enable_pdl;
   const int64_t h = p.heads;
   auto per_head = [h](const c10::optional<at::Tensor>& s) {
@@ -247,6 +255,7 @@ void append_cuda(const AppendTensors& t, CacheType cache) {
     case CacheType::kSame: return append_positions<T, T>(t, stream);
     case CacheType::kFp8E4m3: return append_positions<T, __nv_fp8_e4m3>(t, stream);
     case CacheType::kFp8E5m2: return append_positions<T, __nv_fp8_e5m2>(t, stream);
+    case CacheType::kNvfp4: return append_positions<T, kvrope::nvfp4_e2m1x2>(t, stream);
   }
 }
 

@@ -135,7 +135,8 @@ using ForwardInPlaceSig = void(const Tensor&, const Tensor&, const Tensor&, cons
 using AppendSig = void(const Optional&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&, const Tensor&, const Optional&, const Optional&, bool, const Optional&,
                        const Optional&, double, bool, c10::string_view, const Optional&, const Optional&,
-                       const Optional&, int64_t, int64_t, const Optional&, bool, c10::IntArrayRef, bool);
+                       const Optional&, int64_t, int64_t, const Optional&, bool, c10::IntArrayRef, bool,
+                       const Optional&, const Optional&);
 template <typename Out>
 using BackwardSig = Out(const Tensor&, const Tensor&, const Optional&, const Tensor&, const Tensor&, const Tensor&,
                         int64_t, int64_t, bool);
@@ -166,7 +167,7 @@ PyObject* forward_(PyObject*, PyObject* const* args, Py_ssize_t n) {
 PyObject* rope_append_(PyObject*, PyObject* const* args, Py_ssize_t n) {
   HANDLE_TH_ERRORS
   static const auto call = typed_op<AppendSig>("kvrope::rope_append_");
-  const Args a("kvrope.rope_append_", args, n, 25);
+  const Args a("kvrope.rope_append_", args, n, 27);
   const std::string kv_cache_dtype = a.text(15, "kv_cache_dtype");
   const std::vector<int64_t> mrope_section = a.integers(23, "mrope_section");
   run(call, a.optional(0, "query"), a.tensor(1, "key"), a.tensor(2, "value"), a.tensor(3, "positions"),
@@ -176,7 +177,7 @@ PyObject* rope_append_(PyObject*, PyObject* const* args, Py_ssize_t n) {
       a.flag(14, "norm_weight_plus_one"), c10::string_view(kv_cache_dtype), a.optional(16, "k_scale"),
       a.optional(17, "v_scale"), a.optional(18, "error_flag"), a.integer(19, "rotary_dim"), a.integer(20, "style"),
       a.optional(21, "q_scale"), a.flag(22, "enable_pdl"), c10::IntArrayRef(mrope_section),
-      a.flag(24, "mrope_interleaved"));
+      a.flag(24, "mrope_interleaved"), a.optional(25, "key_cache_sf"), a.optional(26, "value_cache_sf"));
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -267,11 +268,11 @@ PyObject* check_backward_any(PyObject*, PyObject* const* args, Py_ssize_t n) {
   END_HANDLE_TH_ERRORS
 }
 
-// kvrope::rope_append_'s checks; the caches' type, an int (CacheType: 0 the query's dtype, 1 fp8 e4m3,
-// 2 fp8 e5m2), or None where not checked.
+// kvrope::rope_append_'s checks (its arguments but enable_pdl); the caches' type, an int (CacheType: 0 the
+// query's dtype, 1 fp8 e4m3, 2 fp8 e5m2, 3 NVFP4), or None where not checked.
 PyObject* check_append_any(PyObject*, PyObject* const* args, Py_ssize_t n) {
   HANDLE_TH_ERRORS
-  const Args a("kvrope.rope_append_", args, n, 24);
+  const Args a("kvrope.rope_append_", args, n, 26);
   AppendTensors t;
   t.query = a.optional(0, "query");
   t.key = a.tensor(1, "key");
@@ -297,9 +298,11 @@ PyObject* check_append_any(PyObject*, PyObject* const* args, Py_ssize_t n) {
   t.q_scale = a.optional(21, "q_scale");
   t.mrope_section = a.integers(22, "mrope_section");
   t.mrope_interleaved = a.flag(23, "mrope_interleaved");
+  t.key_cache_sf = a.optional(24, "key_cache_sf");
+  t.value_cache_sf = a.optional(25, "value_cache_sf");
   if (symbolic(t.query, t.key, t.value, t.positions, t.cos_sin_cache, t.key_cache, t.value_cache, t.slot_mapping,
                t.query_out, t.key_out, t.query_norm_weight, t.key_norm_weight, t.k_scale, t.v_scale, t.error_flag,
-               t.q_scale))
+               t.q_scale, t.key_cache_sf, t.value_cache_sf))
     Py_RETURN_NONE;
   return PyLong_FromLong(static_cast<long>(check_append(t)));
   END_HANDLE_TH_ERRORS
@@ -316,7 +319,7 @@ PyMethodDef methods[] = {
     {"check_forward_", KVROPE_FASTCALL(check_forward_inplace), METH_FASTCALL, "kvrope::forward_'s checks"},
     {"check_backward", KVROPE_FASTCALL(check_backward_any), METH_FASTCALL, "kvrope::backward(_)'s checks"},
     {"check_append", KVROPE_FASTCALL(check_append_any), METH_FASTCALL,
-     "kvrope::rope_append_'s checks; the caches' type (0 the query's dtype, 1 fp8 e4m3, 2 fp8 e5m2)"},
+     "kvrope::rope_append_'s checks; the caches' type (0 the query's dtype, 1 fp8 e4m3, 2 fp8 e5m2, 3 NVFP4)"},
     {nullptr, nullptr, 0, nullptr}};
 #undef KVROPE_FASTCALL
 

@@ -6,7 +6,7 @@ passed as its [B, H, S, D] view (``x.transpose(1, 2)``): only the last dim must 
 Per-token tables are [B, S, R] or [1, S, R] (shared by the batch); R <= D, the rest of a row passes
 through. ``style`` is ``"rotate_half"`` (Llama, Hugging Face) or ``"interleaved"`` (GPT-J).
 The serving forward (``rope_append_``, and ``rotary_embedding_and_cache`` with vLLM's calling convention)
-takes ragged tokens [T, heads, D] and a paged, flat or fp8 KV cache. See python/README.md and docs/spec.md."""
+takes ragged tokens [T, heads, D] and a paged, flat, fp8 or NVFP4 KV cache. See python/README.md and docs/spec.md."""
 import operator
 from typing import Optional, Sequence, Tuple
 
@@ -189,6 +189,7 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
                  query_norm_weight: Optional[torch.Tensor] = None, key_norm_weight: Optional[torch.Tensor] = None,
                  norm_eps: float = 1e-6, norm_weight_plus_one: bool = False, kv_cache_dtype: str = "auto",
                  k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
+                 key_cache_sf: Optional[torch.Tensor] = None, value_cache_sf: Optional[torch.Tensor] = None,
                  q_scale: Optional[torch.Tensor] = None, layout: str = "NHD",
                  error_flag: Optional[torch.Tensor] = None, check: bool = False, style: str = "rotate_half",
                  enable_pdl: bool = False, mrope_section: Optional[Sequence[int]] = None,
@@ -209,6 +210,10 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
     strides with the last dim contiguous. Their dtype is q's, or fp8: torch.float8_e4m3fn /
     torch.float8_e5m2, or uint8 with ``kv_cache_dtype`` "fp8" / "fp8_e4m3" / "fp8_e5m2"; stored =
     fp8_satfinite(x / scale) with ``k_scale`` / ``v_scale`` float32, one element or [H] (None: 1).
+    ``kv_cache_dtype="nvfp4"``: FlashInfer's NVFP4 cache, uint8 caches [.., D / 2] (two e2m1 codes a byte,
+    the even element low) and ``key_cache_sf`` / ``value_cache_sf`` float8_e4m3fn [.., D / 16] (a scale a
+    block of 16, same layout), ``k_scale`` / ``v_scale`` the global decode scales; D and R multiples of 32,
+    rows 16-byte aligned (docs/spec.md section 6.4).
 
     A slot at or above pages * P writes no row and ORs ERROR_SLOT_OUT_OF_RANGE into ``error_flag`` (an
     int32 tensor of one element); a position outside [0, max_pos) writes nothing at all and ORs
@@ -233,6 +238,8 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
         if key_cache.dim() != 4 or value_cache.dim() != 4:
             raise ValueError("kvrope: layout 'HND' needs caches [pages, H, P, D]")
         key_cache, value_cache = key_cache.transpose(1, 2), value_cache.transpose(1, 2)
+        key_cache_sf, value_cache_sf = (None if sf is None else sf.transpose(1, 2) if sf.dim() == 4 else sf
+                                        for sf in (key_cache_sf, value_cache_sf))
     elif layout != "NHD":
         raise ValueError(f"kvrope: layout must be 'NHD' or 'HND', not {layout!r}")
     if check:
@@ -242,7 +249,7 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
     _call(_APPEND, query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
           key_out, bool(key_in_place), query_norm_weight, key_norm_weight, float(norm_eps),
           bool(norm_weight_plus_one), kv_cache_dtype, k_scale, v_scale, error_flag, 0, _style(style), q_scale,
-          bool(enable_pdl), _mrope_section(mrope_section), bool(mrope_interleaved))
+          bool(enable_pdl), _mrope_section(mrope_section), bool(mrope_interleaved), key_cache_sf, value_cache_sf)
     if check:
         _raise_on_flag(error_flag, cos_sin_cache.shape[0], key_cache)
 
@@ -312,6 +319,9 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
     mRoPE (vLLM's MRotaryEmbedding): with ``mrope_section`` (and ``mrope_interleaved``, as ``rope_append_``
     takes them) positions is [3, T], one stream of T tokens a row; slot_mapping shorter than T keeps the
     first tokens of each stream."""
+    if kv_cache_dtype == "nvfp4":
+        raise ValueError("kvrope: rotary_embedding_and_cache writes no NVFP4 cache (kv_cache_dtype 'nvfp4'): call "
+                         "rope_append_ with key_cache_sf and value_cache_sf")
     d = int(head_size) if head_size is not None else key_cache.shape[-1]
     if d != key_cache.shape[-1]:  # (else a later check, of the tables or of q, would be blamed)
         raise ValueError(f"kvrope: head_size {d} differs from the caches' D = {key_cache.shape[-1]}")
@@ -332,4 +342,4 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
         k_scale = v_scale = None
     _call(_APPEND, q, k, v, positions, cos_sin_cache, key_cache, value_cache, slots, q_out, None, True, None, None,
           1e-6, False, kv_cache_dtype, k_scale, v_scale, error_flag, 0, ROTATE_HALF if is_neox else INTERLEAVED,
-          q_scale, bool(enable_pdl), sections, bool(mrope_interleaved))
+          q_scale, bool(enable_pdl), sections, bool(mrope_interleaved), None, None)

@@ -121,3 +121,38 @@ def to_fp8(x: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
     saturated at the format's largest (torch's own conversion gives NaN or inf beyond it)."""
     big = torch.finfo(fmt).max
     return x.clamp(-big, big).to(fmt)
+
+
+_MIN_NORMAL = 2.0 ** -126
+
+
+def _ftz(x: torch.Tensor) -> torch.Tensor:
+    """fp32's flush to zero: a subnormal becomes a zero of its sign (what NVFP4's fast-math arithmetic does)."""
+    return torch.where(x.abs() < _MIN_NORMAL, torch.copysign(torch.zeros_like(x), x), x)
+
+
+def to_nvfp4(x: torch.Tensor, g: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 blocks of rows x [..., H, D] (docs/spec.md section 6.4, FlashInfer 0.7.4's rule) under the global
+    scale g (None: 1; one element, or [H]): (codes [..., H, D / 2] uint8, even element in the low nibble;
+    block scales [..., H, D / 16] uint8, e4m3). In fp32 with subnormals flushed, the division and the
+    reciprocal correctly rounded (the GPU's approximate ones may differ by an ulp, and so, rarely, a block)."""
+    f32 = torch.float32
+    x = _ftz(x.to(f32))
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
+    g = torch.ones((), dtype=f32) if g is None else g.to(device=x.device, dtype=f32).reshape(-1, 1)
+    amax = torch.nan_to_num(blocks.abs(), nan=0.0).amax(-1)  # NaN skipped
+    live = (amax >= _MIN_NORMAL) & (g >= _MIN_NORMAL)
+    divisor = _ftz(6.0 * g)  # fl(6 g)
+    q = torch.where(divisor > 2.0 ** 126, torch.where(amax.isinf(), float("nan"), 0.0), _ftz(amax / divisor))
+    q = torch.where(live, q, torch.zeros_like(q))
+    code = to_fp8(q, torch.float8_e4m3fn)
+    s = code.to(f32)
+    r = torch.where(live & (s > 0), _ftz(1.0 / _ftz(s * g)), torch.zeros_like(s))
+    y = _ftz(blocks * r[..., None])
+    a = y.abs()
+    magnitude = ((a > 0.25).int() + (a >= 0.75).int() + (a > 1.25).int() + (a >= 1.75).int() + (a > 2.5).int()
+                 + (a >= 3.5).int() + (a > 5.0).int())
+    sign = torch.where(y.isnan(), 0, torch.signbit(y).int() * 8)
+    nibbles = (sign | magnitude).reshape(*x.shape[:-1], x.shape[-1] // 2, 2)
+    codes = (nibbles[..., 0] | (nibbles[..., 1] << 4)).to(torch.uint8)
+    return codes, code.view(torch.uint8)

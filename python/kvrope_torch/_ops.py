@@ -9,7 +9,7 @@ from . import _math as m
 ops = torch.ops.kvrope
 ERROR_POSITION_OUT_OF_RANGE, ERROR_POSITION_ID_OUT_OF_RANGE, ERROR_SLOT_OUT_OF_RANGE = 1, 2, 4
 # The caches' element type by _C.check_append's answer (csrc/ops.h's CacheType): None for q's dtype.
-_CACHE_FORMATS = (None, torch.float8_e4m3fn, torch.float8_e5m2)
+_CACHE_FORMATS = (None, torch.float8_e4m3fn, torch.float8_e5m2, "nvfp4")
 
 
 # --- CPU implementations: the semantics of docs/spec.md, in plain torch ---------------------------
@@ -120,15 +120,17 @@ def _fp8_bytes(rows, scale, fmt, ct):
 def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out=None,
                 key_out=None, key_in_place=False, query_norm_weight=None, key_norm_weight=None, norm_eps=1e-6,
                 norm_weight_plus_one=False, kv_cache_dtype="auto", k_scale=None, v_scale=None, error_flag=None,
-                rotary_dim=0, style=0, q_scale=None, enable_pdl=False, mrope_section=(), mrope_interleaved=False):
+                rotary_dim=0, style=0, q_scale=None, enable_pdl=False, mrope_section=(), mrope_interleaved=False,
+                key_cache_sf=None, value_cache_sf=None):
     """The serving forward (docs/spec.md section 6). A token whose position is out of range writes nothing;
     a negative or out-of-range slot writes no cache row; the last token naming a slot wins. A float8_e4m3fn
-    query_out gets RoPE(q) quantized as the fp8 caches are (one formula: _fp8_bytes)."""
+    query_out gets RoPE(q) quantized as the fp8 caches are (one formula: _fp8_bytes); NVFP4 caches get their
+    rows' blocks (m.to_nvfp4, correctly rounded: the GPU's approximate division may differ, rarely, by a step)."""
     fmt = _CACHE_FORMATS[_C.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache,
                                          slot_mapping, query_out, key_out, key_in_place, query_norm_weight,
                                          key_norm_weight, norm_eps, norm_weight_plus_one, kv_cache_dtype, k_scale,
                                          v_scale, error_flag, rotary_dim, style, q_scale, list(mrope_section),
-                                         mrope_interleaved)]
+                                         mrope_interleaved, key_cache_sf, value_cache_sf)]
     ct = m.compute_dtype(key.dtype)
     if mrope_section:  # positions [3, T]
         cos, sin, ok = m.mrope_tables_from_cache(cos_sin_cache, positions, mrope_section, mrope_interleaved, style, ct)
@@ -165,10 +167,14 @@ def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_ca
         error_flag.bitwise_or_(flag)
     written, tokens = m.last_writers(slots, (slots >= 0) & (slots < num_slots) & ok, num_slots)
     pages, offsets = written // page_size, written % page_size
-    for cache, rows, scale in ((key_cache, k_rot, k_scale), (value_cache, value, v_scale)):
+    for cache, sf, rows, scale in ((key_cache, key_cache_sf, k_rot, k_scale), (value_cache, value_cache_sf, value,
+                                                                              v_scale)):
         view = cache if paged else cache.unsqueeze(1)  # [pages, P, H, D]
         rows = rows[tokens]
-        if fmt is not None:  # written as bytes: uint8 caches, and no float8 indexing kernels needed
+        if fmt == "nvfp4":  # codes [.., D / 2] and block scales [.., D / 16], as bytes
+            rows, scales = m.to_nvfp4(rows, scale)
+            (sf if paged else sf.unsqueeze(1)).view(torch.uint8)[pages, offsets] = scales
+        elif fmt is not None:  # written as bytes: uint8 caches, and no float8 indexing kernels needed
             view, rows = view.view(torch.uint8), _fp8_bytes(rows, scale, fmt, ct)
         view[pages, offsets] = rows
 
@@ -194,11 +200,12 @@ def _forward_inplace_fake(key_states, value_states, key_cache, value_cache, cach
 def _append_fake(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out=None,
                  key_out=None, key_in_place=False, query_norm_weight=None, key_norm_weight=None, norm_eps=1e-6,
                  norm_weight_plus_one=False, kv_cache_dtype="auto", k_scale=None, v_scale=None, error_flag=None,
-                 rotary_dim=0, style=0, q_scale=None, enable_pdl=False, mrope_section=(), mrope_interleaved=False):
+                 rotary_dim=0, style=0, q_scale=None, enable_pdl=False, mrope_section=(), mrope_interleaved=False,
+                 key_cache_sf=None, value_cache_sf=None):
     _C.check_append(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out,
                     key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps, norm_weight_plus_one,
                     kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style, q_scale, list(mrope_section),
-                    mrope_interleaved)
+                    mrope_interleaved, key_cache_sf, value_cache_sf)
     return None
 
 

@@ -112,3 +112,53 @@ def fp8_query(q, cos_sin_cache, positions, style, rotary_dim=0, scale=None, norm
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, eps, plus_one)
     return fp8_e4m3(table_rotary(x, cos_sin_cache, positions, style, rotary_dim).to(q.dtype), scale)
+
+
+# --- the serving forward's NVFP4 caches (kv_cache_dtype "nvfp4", docs/spec.md section 6.4) -----------
+
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+MIN_NORMAL = 2.0 ** -126
+
+
+def _f32(x):
+    """A float64 tensor rounded to float32 once, with fp32's flush to zero (a subnormal: a zero of its sign)."""
+    y = x.float().double()
+    return torch.where(y.abs() < MIN_NORMAL, torch.copysign(torch.zeros_like(y), y), y)
+
+
+def nvfp4(x, g=None):
+    """NVFP4 blocks of rows x [..., H, D] (in their dtype T) under the global scale g (None: 1; one float32 or
+    [H]), from the rule of docs/spec.md 6.4 in float64, each fp32 step rounded once: amax of the 16 values
+    (NaN skipped); q = fl(amax / fl(6 g)); s = e4m3(q) (nearest even, saturating); r = fl(1 / fl(s g)); code of
+    each element: the e2m1 magnitude nearest fl(x r), ties to the even code, above 6 saturated, x r's sign
+    (NaN: +0); g below 2^126 / 6 (beyond, the GPU's division gives 0). Returns (codes [..., H, D / 2] uint8,
+    even element low; scales [..., H, D / 16] uint8)."""
+    x = _f32(x.double())
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
+    g = torch.ones(1, 1, dtype=torch.float64) if g is None else g.double().cpu().reshape(-1, 1)
+    amax = torch.nan_to_num(blocks.abs(), nan=0.0).amax(-1)
+    live = (amax >= MIN_NORMAL) & (g >= MIN_NORMAL)
+    q = torch.where(live, _f32(amax / _f32(6.0 * g)), torch.zeros_like(amax))
+    s = q.float().clamp(max=FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    sv = s.double()
+    r = torch.where(live & (sv > 0), _f32(1.0 / _f32(sv * g)), torch.zeros_like(sv))
+    y = _f32(blocks * r[..., None])
+    magnitudes = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float64)
+    distance = (y.abs().clamp(max=6.0)[..., None] - magnitudes).abs()
+    best = _nearest_even(distance)
+    sign = torch.where(torch.isnan(y), 0, torch.signbit(y).long() * 8)
+    code = torch.where(torch.isnan(y), 0, sign | best)
+    pairs = code.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8), s.view(torch.uint8)
+
+
+def _nearest_even(distance):
+    """The index of the smallest distance (the last dim), the even one of two equal."""
+    best = torch.zeros(distance.shape[:-1], dtype=torch.long)
+    best_d = distance[..., 0]
+    for c in range(1, 8):
+        d = distance[..., c]
+        take = (d < best_d) | ((d == best_d) & (c % 2 == 0))
+        best = torch.where(take, c, best)
+        best_d = torch.where(take, d, best_d)
+    return best

@@ -2,8 +2,8 @@
 rotary_embedding_and_cache against a float64 reference written here from the definition: per-head
 RMSNorm, RoPE of pairs (i, i + R/2) or (2i, 2i + 1) from a table cache (with mRoPE, each pair's angle
 from the row of its stream's position), the paged scatter (last writer wins), fp8 quantization as
-fp8_satfinite(float(x_T) / scale). CPU tests run everywhere; CUDA tests are
-skipped without a device."""
+fp8_satfinite(float(x_T) / scale), NVFP4 blocks (reference.nvfp4; and against FlashInfer's own NVFP4
+append where it is installed). CPU tests run everywhere; CUDA tests are skipped without a device."""
 import random
 from dataclasses import dataclass, field, replace
 from typing import Optional
@@ -111,7 +111,7 @@ class Config:
     layout: str = "NHD"            # NHD, HND, flat, kv (one [pages, 2, P, H, D] tensor)
     page_size: int = 4
     pages: int = 8
-    cache: str = "auto"            # auto, fp8_e4m3, fp8_e5m2 (float8 tensors), fp8, fp8_e5m2 as uint8
+    cache: str = "auto"            # auto, fp8_e4m3, fp8_e5m2 (float8 tensors), fp8, fp8_e5m2 as uint8; nvfp4
     uint8: bool = False
     scale: Optional[str] = None    # None, "tensor", "head"
     norm: Optional[str] = None     # None, "qk", "k", "plus_one"
@@ -180,23 +180,30 @@ def make_inputs(cfg: Config, device):
         slots[3], slots[-1] = num_slots, num_slots + 100
     if cfg.positions == "out_of_range":
         slots[4] = slots[1]  # a token that writes nothing is not the slot's last writer
-    cache_dtype = dt if cfg.cache == "auto" else (torch.uint8 if cfg.uint8 else FP8[cfg.cache])
+    nvfp4 = cfg.cache == "nvfp4"
+    cache_dtype = dt if cfg.cache == "auto" else (torch.uint8 if cfg.uint8 or nvfp4 else FP8[cfg.cache])
 
-    def cache_tensor():
+    def cache_tensor(dtype=cache_dtype, row=d // 2 if nvfp4 else d):
         p, pg = cfg.page_size, cfg.pages
-        shape = {"NHD": (pg, p, h, d), "HND": (pg, h, p, d), "flat": (pg, h, d), "kv": (pg, 2, p, h, d)}[cfg.layout]
-        if cache_dtype in (torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2):
+        shape = {"NHD": (pg, p, h, row), "HND": (pg, h, p, row), "flat": (pg, h, row),
+                 "kv": (pg, 2, p, h, row)}[cfg.layout]
+        if dtype in (torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2):
             x = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
-            x = torch.where((x & 0x7F) >= 0x7C, 0, x).view(cache_dtype)  # no NaN / inf bytes
+            x = torch.where((x & 0x7F) >= 0x7C, 0, x).view(dtype)  # no NaN / inf bytes
         else:
             x = torch.randn(shape, generator=g).to(dt)
         return x.to(device)
 
-    if cfg.layout == "kv":
-        kv = cache_tensor()
-        key_cache, value_cache = kv[:, 0], kv[:, 1]
-    else:
-        key_cache, value_cache = cache_tensor(), cache_tensor()
+    def pair(**kw):
+        if cfg.layout == "kv":
+            kv = cache_tensor(**kw)
+            return kv[:, 0], kv[:, 1]
+        return cache_tensor(**kw), cache_tensor(**kw)
+
+    key_cache, value_cache = pair()
+    block_scales = {}
+    if nvfp4:  # the block scales: float8_e4m3fn [.., D / 16] in the caches' layout
+        block_scales = dict(zip(("key_cache_sf", "value_cache_sf"), pair(dtype=torch.float8_e4m3fn, row=d // 16)))
     scales = {}
     if cfg.scale == "tensor":
         scales = dict(k_scale=torch.tensor(0.5), v_scale=torch.tensor(2.0))
@@ -215,7 +222,7 @@ def make_inputs(cfg: Config, device):
         norms["norm_eps"] = 1e-5
     return dict(query=q if hq else None, key=k, value=v, positions=positions.to(device=device, dtype=cfg.pos_dtype),
                 cos_sin_cache=cos_sin_cache, key_cache=key_cache, value_cache=value_cache,
-                slot_mapping=slots.to(device), **scales, **norms)
+                slot_mapping=slots.to(device), **scales, **norms, **block_scales)
 
 
 def slot_rows(cache, cfg):
@@ -229,7 +236,8 @@ def slot_rows(cache, cfg):
 def kvrope_kwargs(cfg: Config, inputs, query_out=None, key_out=None, error_flag=None):
     """The API's keyword arguments of a call of `cfg` (the caches as they are: HND with layout='HND')."""
     kw = {name: inputs[name] for name in ("k_scale", "v_scale", "q_scale", "query_norm_weight", "key_norm_weight",
-                                          "norm_eps", "norm_weight_plus_one") if name in inputs}
+                                          "norm_eps", "norm_weight_plus_one", "key_cache_sf", "value_cache_sf")
+          if name in inputs}
     kind = "auto" if cfg.cache == "auto" else ("fp8" if cfg.cache == "fp8_e4m3" and cfg.uint8 else cfg.cache)
     kind = cfg.extra.get("kv_cache_dtype", kind)
     if cfg.mrope:
@@ -343,11 +351,14 @@ def check_outputs(cfg, before, inputs, query_out, key_out, outs_before, flag, q_
         elif s >= 0:
             writer[s] = t
     assert int(flag) == expected_flag, f"error flag {int(flag)}, expected {expected_flag}"
-    fmt = None if cfg.cache == "auto" else FP8[cfg.cache]
     written = torch.tensor(sorted(writer), dtype=torch.int64)
     tokens = torch.tensor([writer[s] for s in sorted(writer)], dtype=torch.int64)
     unwritten = torch.ones(num_slots, dtype=torch.bool)
     unwritten[written] = False
+    if cfg.cache == "nvfp4":
+        k_source = None if k_written is None else k_written.cpu()
+        return check_nvfp4_caches(cfg, before, inputs, written, tokens, unwritten, k_source, k_gold)
+    fmt = None if cfg.cache == "auto" else FP8[cfg.cache]
     for name, rows_gold, mag, scale_name in (("key_cache", k_gold, k_mag, "k_scale"),
                                              ("value_cache", before["value"].double(), None, "v_scale")):
         out, init = slot_rows(inputs[name], cfg), slot_rows(before[name], cfg)
@@ -373,6 +384,45 @@ def check_outputs(cfg, before, inputs, query_out, key_out, outs_before, flag, q_
         g = (rows_gold[tokens] / scale.double()).clamp(-torch.finfo(fmt).max, torch.finfo(fmt).max)
         extra = (ulp(rows_gold[tokens], dt) + (0 if mag is None else 2.0 ** -19 * mag[tokens])) / scale.double()
         assert_close(name, got.view(fmt).double(), g, torch.zeros_like(g), fmt, extra=extra)
+
+
+def nvfp4_within_a_step(got_codes, got_scales, want_codes, want_scales):
+    """Per block (16 values: 8 code bytes, 1 scale byte), whether got is want or one step from it: the scale
+    byte within one e4m3 code, each e2m1 magnitude within one code, the signs equal where both are non-zero
+    (a GPU's approximate division, or a key rounded to T the other way, moves a block at most that far)."""
+    def nibbles(c):
+        c = c.long()
+        return torch.stack((c & 0xF, c >> 4), -1).flatten(-2)
+
+    g, w = nibbles(got_codes), nibbles(want_codes)
+    near = ((g & 7) - (w & 7)).abs() <= 1
+    near &= ((g & 8) == (w & 8)) | ((g & 7) == 0) | ((w & 7) == 0)
+    near = near.reshape(*near.shape[:-1], -1, 16).all(-1)
+    return near & ((got_scales.long() - want_scales.long()).abs() <= 1)
+
+
+def check_nvfp4_caches(cfg, before, inputs, written, tokens, unwritten, k_written, k_gold):
+    """NVFP4 caches: rows no token names as they were (codes and block scales); each written row the
+    reference's blocks (reference.nvfp4) of v or of the key the call wrote in T: bit for bit on the CPU (the
+    same correctly rounded arithmetic), within a step on CUDA (its approximate division and reciprocal; the
+    exact GPU check is tests/gpu/test_append.cu's, FlashInfer's test_nvfp4_matches_flashinfer). Without a key
+    output, the float64 key rounded to T, within a step."""
+    device_cpu = inputs["key_cache"].device.type == "cpu"
+    for name, sf_name, scale_name, source in (("key_cache", "key_cache_sf", "k_scale", k_written),
+                                              ("value_cache", "value_cache_sf", "v_scale", before["value"])):
+        out, init = slot_rows(inputs[name], cfg), slot_rows(before[name], cfg)
+        sf, sf_init = (slot_rows(x, cfg).view(torch.uint8) for x in (inputs[sf_name], before[sf_name]))
+        assert torch.equal(out[unwritten], init[unwritten]), f"{name}: a row no token names was written"
+        assert torch.equal(sf[unwritten], sf_init[unwritten]), f"{sf_name}: a row no token names was written"
+        rows = source[tokens] if source is not None else k_gold[tokens].to(cfg.dtype)
+        want, want_sf = reference.nvfp4(rows, before.get(scale_name))
+        got, got_sf = out[written], sf[written]
+        if device_cpu and source is not None:
+            assert torch.equal(got, want), f"{name}: not the reference's NVFP4 codes"
+            assert torch.equal(got_sf, want_sf), f"{sf_name}: not the reference's block scales"
+        near = nvfp4_within_a_step(got, got_sf, want, want_sf)
+        assert bool(near.all()), (f"{name}: {int((~near).sum())} blocks beyond a step of the reference's, the first "
+                                  f"at {(~near).nonzero()[0].tolist()}")
 
 
 # --- torch's fp8 conversion, which the reference relies on ----------------------------------------
@@ -439,6 +489,17 @@ CASES = {
                                  pos_dtype=torch.int32),
     "mrope_fp8_query_fused": Config(mrope=(3, 5, 5), query="fp8_out", q_scale=0.5, fused=True, key="in_place",
                                     table_fp32=True, slots="repeated"),
+    # NVFP4 (D and R multiples of 32): D = 32, one block a half row
+    "nvfp4": Config(cache="nvfp4", head_dim=32, key="out"),
+    "nvfp4_scale_hnd": Config(cache="nvfp4", head_dim=32, scale="tensor", layout="HND", key="in_place",
+                              style="interleaved", slots="repeated"),
+    "nvfp4_per_head_norm": Config(cache="nvfp4", head_dim=32, scale="head", norm="qk", layout="flat", pages=32,
+                                  positions="out_of_range"),
+    "nvfp4_fused_kv": Config(cache="nvfp4", head_dim=32, fused=True, layout="kv", query="fp8_out", q_scale=0.5,
+                             slots="padded", key="out"),
+    "nvfp4_no_key_out": Config(cache="nvfp4", head_dim=32, scale="tensor", norm="plus_one"),
+    "nvfp4_mrope": Config(cache="nvfp4", head_dim=32, mrope=(2, 3, 3), mrope_interleaved=True, scale="tensor",
+                          key="out"),
 }
 
 
@@ -527,6 +588,64 @@ def test_fp8_query_out_nonfinite(device):
     # the finite rest: exact on the CPU, within one e4m3 step on CUDA (its fp32 rounding to T may differ)
     step = (0.125, 2.0 ** -9) if device == "cuda" else (0.0, 0.0)
     torch.testing.assert_close(got, want, rtol=step[0], atol=step[1], equal_nan=True)  # (NaN's sign not compared)
+
+
+# --- NVFP4 caches --------------------------------------------------------------------------------------
+
+NVFP4_SHAPES = {"d64_partial": dict(head_dim=64, rotary_dim=32), "d128_partial_interleaved":
+                dict(head_dim=128, rotary_dim=64, style="interleaved"), "d256": dict(head_dim=256)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", list(NVFP4_SHAPES))
+def test_nvfp4_caches(device, dtype, shape):
+    """kv_cache_dtype "nvfp4": each written row's blocks are the reference's (check_nvfp4_caches), for the head
+    dims and partial rotaries the format takes; on CUDA both kernels (few tokens, and a prefill's tiles)."""
+    cfg = Config(cache="nvfp4", dtype=dtype, key="out", scale="head", norm="k", **NVFP4_SHAPES[shape])
+    run_and_check(cfg, device)
+    run_and_check(replace(cfg, key="in_place", scale=None, layout="HND", slots="padded"), device)
+    if device == "cuda":
+        run_and_check(replace(cfg, tokens=1500, max_position=1600, pages=400), device)
+
+
+def flashinfer_nvfp4_append():
+    """FlashInfer's NVFP4 append by slot (0.7.4), or None where flashinfer is not importable."""
+    try:
+        import flashinfer
+    except Exception:  # (not installed, or not loadable here)
+        return None
+    return getattr(flashinfer, "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping", None)
+
+
+@needs_cuda
+@pytest.mark.parametrize("tokens", [7, 1500])
+@pytest.mark.parametrize("shape", [(64, 64, None), (128, 64, "qk"), (256, 256, "k")])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_nvfp4_matches_flashinfer(dtype, layout, shape, tokens):
+    """kvrope's NVFP4 caches are, byte for byte (codes and block scales), what FlashInfer's
+    nvfp4_quantize_append_paged_kv_cache_with_slot_mapping writes from the rotated k (kvrope's key_out) and v."""
+    append = flashinfer_nvfp4_append()
+    if append is None:
+        pytest.skip("flashinfer is not importable")
+    d, r, norm = shape
+    cfg = Config(cache="nvfp4", dtype=dtype, head_dim=d, rotary_dim=0 if r == d else r, layout=layout, key="out",
+                 norm=norm, scale="tensor", tokens=tokens, max_position=tokens + 64, page_size=16,
+                 pages=tokens // 16 + 4, slots="padded", style="rotate_half" if d != 128 else "interleaved")
+    inputs = make_inputs(cfg, "cuda")
+    theirs = {name: inputs[name].clone() for name in ("key_cache", "value_cache", "key_cache_sf", "value_cache_sf")}
+    key_out = torch.empty_like(inputs["key"])
+    names = ("query", "key", "value", "positions", "cos_sin_cache", "key_cache", "value_cache", "slot_mapping")
+    kvrope_torch.rope_append_(*[inputs[n] for n in names], **kvrope_kwargs(cfg, inputs, key_out=key_out))
+    append(key_out, inputs["value"], inputs["slot_mapping"], (theirs["key_cache"], theirs["value_cache"]),
+           (theirs["key_cache_sf"], theirs["value_cache_sf"]), inputs["k_scale"], inputs["v_scale"], kv_layout=layout)
+    torch.cuda.synchronize()
+    for name, want in theirs.items():
+        got = inputs[name].view(torch.uint8)
+        same = got == want.view(torch.uint8)
+        assert bool(same.all()), f"{name}: {int((~same).sum())} bytes differ from FlashInfer's, the first at " \
+                                 f"{(~same).nonzero()[0].tolist()}"
 
 
 @needs_cuda
@@ -796,10 +915,11 @@ BAD_CALLS = [  # (what to change, the error, its message)
     (lambda a, k: a.__setitem__(6, a[6].half()), TypeError, "the caches have one dtype"),
     (lambda a, k: a.__setitem__(5, a[5].int()), TypeError, "key_cache must be key's dtype"),
     (lambda a, k: (a.__setitem__(5, a[5].to(torch.uint8)), a.__setitem__(6, a[6].to(torch.uint8))), ValueError,
-     "a uint8 cache needs kv_cache_dtype 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"),
+     "a uint8 cache needs kv_cache_dtype 'fp8', 'fp8_e4m3', 'fp8_e5m2' or 'nvfp4'"),
     (lambda a, k: k.update(kv_cache_dtype="fp8"), TypeError, "kv_cache_dtype 'fp8' does not match key_cache's dtype"),
     (lambda a, k: k.update(kv_cache_dtype="int8"), ValueError, "kv_cache_dtype must be 'auto', 'fp8'"),
-    (lambda a, k: k.update(k_scale=torch.ones((), device=a[1].device)), ValueError, "k_scale needs an fp8 cache"),
+    (lambda a, k: k.update(k_scale=torch.ones((), device=a[1].device)), ValueError,
+     "k_scale needs an fp8 or NVFP4 cache"),
     (lambda a, k: k.update(key_out=torch.empty_like(a[1]), key_in_place=True), ValueError,
      "key_in_place and key_out exclude each other"),
     (lambda a, k: k.update(key_out=torch.empty_like(a[1])[:, :1]), ValueError, "key_out has shape"),
@@ -895,7 +1015,8 @@ def test_check_option(device):
 # --- torch's contract: opcheck, the fake kernel, torch.compile, versions -----------------------------
 
 OPCHECK_CASES = ["plain", "fused_everything", "fp8_e5m2_uint8", "fp8_e4m3", "fp8_e5m2", "query_out", "no_query", "flat",
-                 "position_out_of_range", "fp8_query_out", "fp8_query_and_cache", "mrope", "mrope_out_of_range"]
+                 "position_out_of_range", "fp8_query_out", "fp8_query_and_cache", "mrope", "mrope_out_of_range",
+                 "nvfp4_scale_hnd", "nvfp4_fused_kv"]
 
 
 def op_args(cfg, device, dtype):
@@ -911,6 +1032,9 @@ def op_args(cfg, device, dtype):
     kc, vc = inputs["key_cache"], inputs["value_cache"]
     if kw.pop("layout") == "HND":
         kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)
+        for name in ("key_cache_sf", "value_cache_sf"):
+            if kw.get(name) is not None:
+                kw[name] = kw[name].transpose(1, 2)
     kw["style"] = 0 if kw["style"] == "rotate_half" else 1
     args = (inputs["query"], inputs["key"], inputs["value"], inputs["positions"], inputs["cos_sin_cache"], kc, vc,
             inputs["slot_mapping"])
@@ -952,9 +1076,10 @@ def test_api_calls_the_op(device):
     a1, a2 = clones(args), clones(args)
     names = ["query_out", "key_out", "key_in_place", "query_norm_weight", "key_norm_weight", "norm_eps",
              "norm_weight_plus_one", "kv_cache_dtype", "k_scale", "v_scale", "error_flag", "rotary_dim", "style",
-             "q_scale", "enable_pdl", "mrope_section", "mrope_interleaved"]
+             "q_scale", "enable_pdl", "mrope_section", "mrope_interleaved", "key_cache_sf", "value_cache_sf"]
     rest = [kwargs.get(name, default) for name, default in zip(
-        names, [None, None, False, None, None, 1e-6, False, "auto", None, None, None, 0, 0, None, False, [], False])]
+        names, [None, None, False, None, None, 1e-6, False, "auto", None, None, None, 0, 0, None, False, [], False,
+                None, None])]
     kvrope_torch._C.rope_append_(*a1, *rest)
     torch.ops.kvrope.rope_append_.default(*a2, **kwargs)
     for x, y in zip(a1, a2):
@@ -972,7 +1097,7 @@ def test_api_calls_the_op(device):
         kvrope_torch._C.rope_append_(*args, *rest[:15], 3, *rest[16:])
     with pytest.raises(TypeError, match="kvrope.rope_append_: mrope_section must be a list of ints, not one holding"):
         kvrope_torch._C.rope_append_(*args, *rest[:15], [1.0, 2, 3], *rest[16:])
-    with pytest.raises(TypeError, match="kvrope.rope_append_ takes 25 arguments, not 8"):
+    with pytest.raises(TypeError, match="kvrope.rope_append_ takes 27 arguments, not 8"):
         kvrope_torch._C.rope_append_(*args)
     with pytest.raises(TypeError, match="kvrope.rope_append_: q_scale must be a tensor, not float"):
         kvrope_torch._C.rope_append_(*args, *rest[:13], 1.0, *rest[14:])

@@ -65,7 +65,7 @@ def append_call(device, cache_dtype=torch.float32):
                 slot_mapping=torch.arange(T, device=device), query_out=None, key_out=None, key_in_place=False,
                 query_norm_weight=None, key_norm_weight=None, norm_eps=1e-6, norm_weight_plus_one=False,
                 kv_cache_dtype="auto", k_scale=None, v_scale=None, error_flag=None, rotary_dim=0, style=0,
-                q_scale=None)
+                q_scale=None, key_cache_sf=None, value_cache_sf=None)
 
 
 def fp8_append_call(device):
@@ -81,6 +81,21 @@ def mrope_positions(positions):
 def mrope_append_call(device):
     c = append_call(device)
     return dict(c, positions=mrope_positions(c["positions"]), mrope_section=[2, 3, 3], mrope_interleaved=True)
+
+
+def nvfp4_append_call(device, d=32):
+    """A good call with NVFP4 caches: uint8 codes [pages, P, H, D / 2], float8_e4m3fn block scales [.., D / 16]
+    (D a multiple of 32)."""
+    g = torch.Generator().manual_seed(3)
+
+    def rows(heads):
+        return torch.randn(T, heads, d, generator=g).to(device)
+
+    codes = lambda: torch.zeros(PAGES, PAGE, HK, d // 2, dtype=torch.uint8, device=device)  # noqa: E731
+    scales = lambda: torch.zeros(PAGES, PAGE, HK, d // 16, device=device).to(torch.float8_e4m3fn)  # noqa: E731
+    return dict(append_call(device), query=rows(HQ), key=rows(HK), value=rows(HK),
+                cos_sin_cache=table_cache(device, r=d), key_cache=codes(), value_cache=codes(),
+                kv_cache_dtype="nvfp4", key_cache_sf=scales(), value_cache_sf=scales())
 
 
 def vllm_call(device, cache_dtype=torch.float32):
@@ -258,6 +273,25 @@ CASES = {
              label="mrope_short"),
         Case("positions", edit("positions", lambda x: x.t().contiguous().t()), ValueError, call=mrope_append_call,
              label="mrope_last_dim_strided"),
+        # NVFP4 caches (kv_cache_dtype "nvfp4"): uint8 codes, float8_e4m3fn block scales, D and R multiples of 32
+        Case("kv_cache_dtype", put(kv_cache_dtype="nvfp4"), TypeError, label="nvfp4_float_cache"),
+        Case("key_cache", edit("key_cache", lambda x: x[..., :8]), ValueError, call=nvfp4_append_call,
+             label="nvfp4_shape"),
+        Case("key_cache_sf", lambda kw: kw.update(key_cache_sf=torch.zeros(PAGES, PAGE, HK, 1, device=kw["key"].device)
+                                                  .to(torch.float8_e4m3fn)), ValueError, label="not_nvfp4"),
+        Case("key_cache_sf", edit("key_cache_sf", lambda x: x.view(torch.uint8)), TypeError, call=nvfp4_append_call,
+             label="dtype"),
+        Case("key_cache_sf", put(key_cache_sf=None), ValueError, call=nvfp4_append_call, label="none"),
+        Case("value_cache_sf", edit("value_cache_sf", lambda x: x[..., :1]), ValueError, call=nvfp4_append_call),
+        Case("value_cache_sf", lambda kw: kw.update(value_cache_sf=torch.zeros(PAGES, PAGE, HK, 1, device=kw["key"]
+                                                                               .device).to(torch.float8_e4m3fn)),
+             ValueError, label="not_nvfp4"),
+        Case("key", lambda kw: None, ValueError, call=lambda device: nvfp4_append_call(device, d=48),
+             label="nvfp4_head_dim"),
+        Case("cos_sin_cache", lambda kw: kw.update(cos_sin_cache=table_cache(kw["key"].device, r=16)), ValueError,
+             call=lambda device: nvfp4_append_call(device, d=64), label="nvfp4_rotary_dim"),
+        Case("k_scale", lambda kw: kw.update(k_scale=torch.ones(3, device=kw["key"].device)), ValueError,
+             call=nvfp4_append_call, label="nvfp4_shape"),
     ],
     "rotary_embedding_and_cache": [
         Case("positions", edit("positions", lambda x: x.float()), TypeError),
@@ -271,6 +305,7 @@ CASES = {
         Case("slot_mapping", edit("slot_mapping", lambda x: x.int()), TypeError, label="dtype"),
         Case("cos_sin_cache", edit("cos_sin_cache", lambda x: x[:, :5]), ValueError),
         Case("kv_cache_dtype", put(kv_cache_dtype="int8"), ValueError),
+        Case("kv_cache_dtype", put(kv_cache_dtype="nvfp4"), ValueError, label="nvfp4"),
         Case("k_scale", lambda kw: kw.update(k_scale=torch.ones(3, device=kw["key"].device)), ValueError,
              call=fp8_vllm_call),
         Case("v_scale", lambda kw: kw.update(v_scale=torch.ones(1, device=kw["key"].device, dtype=torch.float64)),
