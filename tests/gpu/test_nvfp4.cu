@@ -20,14 +20,8 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/cuda_require.hpp"
 #include "support/nvfp4_cases.hpp"
-
-#define NVFP4_CUDA_REQUIRE(call)                              \
-  do {                                                        \
-    const cudaError_t kvrope_err_ = (call);                   \
-    INFO(#call << " -> " << cudaGetErrorString(kvrope_err_)); \
-    REQUIRE(kvrope_err_ == cudaSuccess);                      \
-  } while (false)
 
 using namespace kvrope;
 
@@ -75,14 +69,14 @@ __global__ void two_lane_kernel(const float* x, const float* g, int n, uint8_t* 
 template <typename T>
 T* to_device(const std::vector<T>& h) {
   T* d = nullptr;
-  NVFP4_CUDA_REQUIRE(cudaMalloc(&d, h.size() * sizeof(T)));
-  NVFP4_CUDA_REQUIRE(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  KVROPE_CUDA_REQUIRE(cudaMalloc(&d, h.size() * sizeof(T)));
+  KVROPE_CUDA_REQUIRE(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
 template <typename T>
 std::vector<T> to_host(const T* d, size_t n) {
   std::vector<T> h(n);
-  NVFP4_CUDA_REQUIRE(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  KVROPE_CUDA_REQUIRE(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
   return h;
 }
 
@@ -122,10 +116,10 @@ TEST_CASE("nvfp4_e2m1 and nvfp4_e2m1_pair on the GPU round as the definition", "
   const int64_t n = static_cast<int64_t>(x.size());
   float* dx = to_device(x);
   uint8_t *d_single = nullptr, *d_pairs = nullptr;
-  NVFP4_CUDA_REQUIRE(cudaMalloc(&d_single, n));
-  NVFP4_CUDA_REQUIRE(cudaMalloc(&d_pairs, n / 2));
+  KVROPE_CUDA_REQUIRE(cudaMalloc(&d_single, n));
+  KVROPE_CUDA_REQUIRE(cudaMalloc(&d_pairs, n / 2));
   e2m1_kernel<<<1024, 256>>>(dx, n, d_single, d_pairs);
-  NVFP4_CUDA_REQUIRE(cudaGetLastError());
+  KVROPE_CUDA_REQUIRE(cudaGetLastError());
   const std::vector<uint8_t> single = to_host(d_single, n), pairs = to_host(d_pairs, n / 2);
   int64_t mismatches = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -153,13 +147,13 @@ TEST_CASE("nvfp4 blocks on the GPU: one lane and two lanes, against the referenc
   BlockOut* d_one = nullptr;
   uint8_t* d_scales = nullptr;
   uint32_t* d_words = nullptr;
-  NVFP4_CUDA_REQUIRE(cudaMalloc(&d_one, n * sizeof(BlockOut)));
-  NVFP4_CUDA_REQUIRE(cudaMalloc(&d_scales, n));
-  NVFP4_CUDA_REQUIRE(cudaMalloc(&d_words, 2 * size_t(n) * sizeof(uint32_t)));
+  KVROPE_CUDA_REQUIRE(cudaMalloc(&d_one, n * sizeof(BlockOut)));
+  KVROPE_CUDA_REQUIRE(cudaMalloc(&d_scales, n));
+  KVROPE_CUDA_REQUIRE(cudaMalloc(&d_words, 2 * size_t(n) * sizeof(uint32_t)));
   one_lane_kernel<<<(n + 255) / 256, 256>>>(dx, dg, n, d_one);
-  NVFP4_CUDA_REQUIRE(cudaGetLastError());
+  KVROPE_CUDA_REQUIRE(cudaGetLastError());
   two_lane_kernel<<<(2 * n + 255) / 256, 256>>>(dx, dg, n, d_scales, d_words);
-  NVFP4_CUDA_REQUIRE(cudaGetLastError());
+  KVROPE_CUDA_REQUIRE(cudaGetLastError());
   const std::vector<BlockOut> one = to_host(d_one, n);
   const std::vector<uint8_t> scales = to_host(d_scales, n);
   const std::vector<uint32_t> words = to_host(d_words, 2 * size_t(n));

@@ -15,16 +15,10 @@
 
 #include "verify/naive/naive_backward.cuh"
 #include "support/catch.hpp"
+#include "support/cuda_require.hpp"
 #include "verify/check_backward.hpp"
 #include "verify/launch_policy.cuh"
 #include "verify/launchers.cuh"
-
-#define KVROPE_CUDA_REQUIRE(call)                             \
-  do {                                                        \
-    const cudaError_t kvrope_err_ = (call);                   \
-    INFO(#call << " -> " << cudaGetErrorString(kvrope_err_)); \
-    REQUIRE(kvrope_err_ == cudaSuccess);                      \
-  } while (false)
 
 namespace kvrope::testing {
 
