@@ -326,9 +326,16 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
     if d != key_cache.shape[-1]:  # (else a later check, of the tables or of q, would be blamed)
         raise ValueError(f"kvrope: head_size {d} differs from the caches' D = {key_cache.shape[-1]}")
     sections = _mrope_section(mrope_section)
+    given_shape = list(positions.shape)
     positions = positions if sections else positions.flatten()  # mRoPE: [3, T] as given (the op checks it)
     slots = slot_mapping.flatten()
     tokens, n = positions.shape[-1], slots.shape[0]
+    # positions the odd one out (q and k agree on T): name it, not query
+    if query.dim() >= 2 and key.dim() >= 2 and query.shape[0] == key.shape[0] != tokens:
+        hint = ("; positions [3, T] are mRoPE's three streams: pass mrope_section"
+                if not sections and len(given_shape) == 2 and given_shape[0] == 3 else "")
+        raise ValueError(f"kvrope: positions of shape {given_shape} gives {tokens} tokens, query "
+                         f"{query.shape[0]}{hint}")
     q = _token_heads("query", query, tokens, d)
     k = _token_heads("key", key, tokens, d)
     v = _token_heads("value", value, tokens, d)

@@ -876,6 +876,12 @@ def test_rotary_embedding_and_cache_shapes():
         kvrope_torch.rotary_embedding_and_cache(*args(torch.zeros(n, 2, 2 * d).transpose(0, 1)))
     with pytest.raises(ValueError, match="slot_mapping has 4 tokens, positions 3"):
         kvrope_torch.rotary_embedding_and_cache(*args(torch.zeros(n, 2 * d))[:6], torch.arange(4), table, True)
+    # positions [3, T] without mrope_section are 3 T tokens: positions is named, with the hint (it was query)
+    streams = torch.zeros(3, n, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"positions of shape \[3, 3\] gives 9 tokens, query 3; .* pass mrope_section"):
+        kvrope_torch.rotary_embedding_and_cache(streams, *args(torch.zeros(n, 2 * d))[1:])
+    with pytest.raises(ValueError, match=r"positions of shape \[4\] gives 4 tokens, query 3$"):
+        kvrope_torch.rotary_embedding_and_cache(torch.arange(4), *args(torch.zeros(n, 2 * d))[1:])
 
 
 # --- errors, the check option, the flag -------------------------------------------------------------
