@@ -5,7 +5,7 @@
 # modules; runs the examples, the GPU tests named in TESTS (default all; append_random: RANDOM_CONFIGS),
 # the A/B of the base and this tree on AB_SUITES (unchecked; default six), this tree's CHECKED_SUITES
 # checked (default the serve suites, with the host time), FlashInfer's comparison (bench/flashinfer_compare.py,
-# dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it), compute-sanitizer's SANITIZE_TOOLS (default all
+# dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it, COMPARE=setup only sets FlashInfer up for pytest), compute-sanitizer's SANITIZE_TOOLS (default all
 # four) over SANITIZE_BINARIES (default gpu_append*; SANITIZE=0 skips them) and pytest (PYTEST=0 skips it
 # and the package build). AB_DECODE_CASES / AB_PREFILL_CASES limit the A/B's serve cases (default: all);
 # DECODE_VARIANTS the checked decode run's.
@@ -22,7 +22,7 @@ iters=${ITERS:-50}
 summary=()
 left() { echo $((${DEADLINE:-560} - SECONDS)); }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
-[[ ${COMPARE:-1} == 1 ]] && source dev/scripts/flashinfer_setup.sh > "$logs/fi_setup.log" 2>&1
+[[ ${COMPARE:-1} != 0 ]] && source dev/scripts/flashinfer_setup.sh > "$logs/fi_setup.log" 2>&1
 cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
 base_pids=()
 for base in "${bases[@]}"; do
@@ -38,7 +38,7 @@ if [[ ${PYTEST:-1} == 1 ]]; then
 else
   echo skipped > /tmp/package.rc
 fi
-if [[ ${COMPARE:-1} == 1 ]]; then
+if [[ ${COMPARE:-1} != 0 ]]; then
   (timeout 300 python3 -u bench/flashinfer_compare.py --build-only > "$logs/fi_build.log" 2>&1; echo $? > /tmp/fi.rc) &
 else
   (echo skipped > /tmp/fi.rc) &
