@@ -33,7 +33,8 @@ Protocol (docs/benchmarks.md): before each call the L2 is flushed (a buffer of t
 device synchronized; a call's time is its kernels' span (first start to last end) from CUPTI through
 torch.profiler; median of --iters calls. A small ragged case is first checked against a PyTorch reference for
 every method, layout and cache type (NVFP4: kvrope's codes and block scales bit for bit what FlashInfer's
-quantizer writes from the same rotated k and v, and the FlashInfer pair's too). On the GPU machine (no downloads), from the repository root:
+quantizer writes from the same rotated k and v, and the FlashInfer pair's too). On the GPU machine (no
+downloads), from the repository root:
 
     source dev/scripts/flashinfer_setup.sh && python3 bench/flashinfer_compare.py [--iters 50] [--json out.json]
 
@@ -770,7 +771,8 @@ def main():
             print(f"kvrope: columns left out on the {what} cases: kvrope_torch.rope_append_ takes no {kw}")
     if any(group(c) == "nvfp4" for c in cases) and fi.rope is not None:
         append, how = fi.nvfp4_append()
-        print(f"flashinfer: NVFP4 pair (FI r+fp4): {'not timed: ' + how if append is None else 'append through ' + how}")
+        print(f"flashinfer: NVFP4 pair (FI r+fp4): "
+              f"{'not timed: ' + how if append is None else 'append through ' + how}")
     if any(group(c) == "mrope" for c in cases):
         print("flashinfer: no mRoPE kernel: its columns are empty on the mRoPE cases (cache bf16+mrope)")
     if fi.rope is None and kv is None:

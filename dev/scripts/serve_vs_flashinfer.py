@@ -7,17 +7,20 @@ each case with FlashInfer's fused bf16 (FI fused), fused fp8 (FI fp8) and rope +
 (k read only) and its ratios to FlashInfer's fastest single launch (FI1) and to its two launches (FI2), then the
 geomeans and the worst ratios.
 
+The NVFP4 cases (cache nvfp4) are set against FlashInfer's rope + NVFP4 append pair (FI r+fp4, their FI2);
+the mRoPE cases (cache bf16+mrope) against nothing (FlashInfer has no mRoPE kernel). The geomean lines of old
+cover the cases of old (neither NVFP4 nor mRoPE), so that they compare with earlier runs; each new group's
+lines follow, headed "SUITE nvfp4:" or "SUITE mrope:".
+
 Then, per suite, kvrope against FlashInfer doing the same work (the "same work" lines): its fused bf16 kernel
 on the bf16 cases it applies to (Hq 64 NHD), its fused fp8 kernel on the q-fp8 cases (cache fp8_e4m3+q8: q
-written in fp8 by both), its rope + append pair on the other bf16 cases, its rope + NVFP4 append pair (FI r+fp4)
-on the NVFP4 cases (cache nvfp4); the fp8-cache cases with q in bf16 have no FlashInfer counterpart (its fp8
-kernel writes q in fp8), nor the mRoPE cases (cache bf16+mrope: FlashInfer has no mRoPE kernel), and are left
-out. The first lines (kvrope / FI1, FI2, geomean us) cover the cases of old (neither NVFP4 nor mRoPE), so that
-they compare with earlier runs; the NVFP4 cases get lines of their own (FI2 there is FI r+fp4). Geomean and max of kvrope / that
-time, and the kind by kind geomeans; kvrope's time / (floor + one empty kernel) for decode (the bench log's
-k/(fl+em) column) and time / floor for prefill cases of 64 MB or more (k/fl), geomean and max; and for decode
-T <= 32, kvrope's q-fp8 case minus its bf16 twin (same T, Hq, layout), in us, beside FlashInfer's same-work
-difference. A bench case missing from the FlashInfer log (an older log) is listed and left out.
+written in fp8 by both), its rope + append pair on the other bf16 cases, its rope + NVFP4 append pair on the
+NVFP4 cases; the fp8-cache cases with q in bf16 have no FlashInfer counterpart (its fp8 kernel writes q in
+fp8), nor the mRoPE cases, and are left out. Geomean and max of kvrope / that time, and the kind by kind
+geomeans; kvrope's time / (floor + one empty kernel) for decode (the bench log's k/(fl+em) column) and time /
+floor for prefill cases of 64 MB or more (k/fl), geomean and max; and for decode T <= 32, kvrope's q-fp8 case
+minus its bf16 twin (same T, Hq, layout), in us, beside FlashInfer's same-work difference. Each group apart, as
+above. A bench case missing from the FlashInfer log (an older log) is listed and left out.
 
     python3 dev/scripts/serve_vs_flashinfer.py FLASHINFER_COMPARE.log SERVE_DECODE.log SERVE_PREFILL.log [--plot PNG]
 
@@ -221,7 +224,8 @@ def plot(out, path):
         w = 0.27
         ax.bar([i - w for i in x], [r[3] for r in rows], w, label="kvrope (one launch)", color="#4c72b0", zorder=2)
         ax.bar(list(x), single, w, label="FlashInfer fused (bf16 Hq 64 NHD) or fused fp8", color="#dd8452", zorder=2)
-        ax.bar([i + w for i in x], two, w, label="FlashInfer rope + append (two launches; NVFP4: rope + nvfp4 append)", color="#55a868", zorder=2)
+        ax.bar([i + w for i in x], two, w, label="FlashInfer rope + append (NVFP4: rope + nvfp4 append)",
+               color="#55a868", zorder=2)
         ax.hlines([r[4] for r in rows], [i - 1.5 * w for i in x], [i + 1.5 * w for i in x], colors="black",
                   label="floor", zorder=3)
         ax.set_yscale("log")
