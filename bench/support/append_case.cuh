@@ -43,6 +43,80 @@ struct AppendCheck {
   std::string failure, note;
 };
 
+//! The host's part of the check of the NVFP4 and mRoPE cases (AppendCaseData::check_reference): a call of case
+//! `sc` as kvrope::verify::check_append reads it, from host copies of qkv before and after the call ([T, (Hq +
+//! 2 H) D]: q in place, k in place with key_in_place, else read only), of the positions ([T], or [3, T] with
+//! mRoPE) and the fp32 table the call read, and of the cache rows the tokens wrote, gathered [T, H, row] in bytes
+//! (row: D elements of C, NVFP4 D / 2 bytes; block scales [T, H, D / 16], NVFP4 only): a flat pool of page size
+//! 1, slot t for token t (each token of the suites writes a slot of its own), whose "before" rows (the fill
+//! pattern) check_append never reads since every slot is written. Scales: kAppendKeyScale, kAppendValueScale.
+//! NVFP4 blocks bit for bit with `oracle`'s quotients and reciprocals where the key is shown (v; k with
+//! key_in_place), else within one step.
+template <typename T, typename C>
+kvrope::verify::CheckResult append_check_rows(const AppendCase& sc, const std::vector<int64_t>& positions,
+                                              const std::vector<float>& table, const std::vector<T>& before,
+                                              const std::vector<T>& after, const std::vector<uint8_t>& key_rows,
+                                              const std::vector<uint8_t>& value_rows,
+                                              const std::vector<uint8_t>& key_sf_rows,
+                                              const std::vector<uint8_t>& value_sf_rows, bool key_in_place,
+                                              const kvrope::verify::Nvfp4Oracle& oracle) {
+  constexpr bool nvfp4 = kvrope::kIsNvfp4<C>;
+  const int64_t tokens = sc.tokens(), Hq = sc.query_heads, H = sc.heads, D = sc.head_dim;
+  [[maybe_unused]] const int64_t width = (Hq + 2 * H) * D;  // (used: nvcc's #177-D misses braced assignments)
+  const int64_t cache_row = nvfp4 ? sc.nvfp4_code_bytes() : D, sf_bytes = sc.nvfp4_scale_bytes();
+  std::vector<int64_t> flat_slots(static_cast<size_t>(tokens));
+  for (int64_t t = 0; t < tokens; ++t) flat_slots[static_cast<size_t>(t)] = t;
+  std::vector<uint8_t> pattern_rows(key_rows.size(), kAppendCachePattern);
+  std::vector<uint8_t> pattern_sf(key_sf_rows.size(), kAppendCachePattern);
+  [[maybe_unused]] const float scale_k = kAppendKeyScale, scale_v = kAppendValueScale;
+  auto pool = [&](const std::vector<uint8_t>& rows) {
+    return kvrope::nhd_pages(reinterpret_cast<const C*>(rows.data()), 1, H, cache_row);
+  };
+  [[maybe_unused]] auto sf_pool = [&](const std::vector<uint8_t>& rows) {
+    return kvrope::nhd_pages(reinterpret_cast<const __nv_fp8_e4m3*>(rows.data()), 1, H, sf_bytes);
+  };
+  kvrope::AppendParams<T, C, int64_t> in;
+  in.tokens = tokens;
+  in.heads = H;
+  in.query_heads = Hq;
+  in.head_dim = D;
+  in.rotary_dim = D;
+  in.style = kvrope::RotaryStyle::kRotateHalf;
+  in.query = {const_cast<T*>(before.data()), width, D};  // read only: check_append writes nothing
+  in.key = {const_cast<T*>(before.data()) + Hq * D, width, D};
+  in.key_in_place = key_in_place;
+  in.value = {before.data() + (Hq + H) * D, width, D};
+  in.positions = positions.data();
+  if (sc.mrope) {
+    sc.mrope_sections(in.mrope_section);
+    in.position_stream_stride = tokens;
+  }
+  in.cos_sin_cache_f32 = table.data();
+  in.max_position = sc.max_position;
+  in.key_cache = kvrope::nhd_pages(reinterpret_cast<C*>(pattern_rows.data()), 1, H, cache_row);
+  in.value_cache = in.key_cache;
+  in.page_size = 1;
+  in.num_pages = tokens;
+  in.slot_mapping = flat_slots.data();
+  if constexpr (kvrope::kIsQuantized<C>) {
+    in.key_scale = &scale_k;
+    in.value_scale = &scale_v;
+  }
+  kvrope::verify::AppendOutputs<T, C> outs;
+  outs.query = {after.data(), width, D};
+  outs.key = {after.data() + Hq * D, width, D};
+  outs.value = {after.data() + (Hq + H) * D, width, D};
+  outs.key_cache = pool(key_rows);
+  outs.value_cache = pool(value_rows);
+  if constexpr (nvfp4) {
+    in.key_block_scales = kvrope::nhd_pages(reinterpret_cast<__nv_fp8_e4m3*>(pattern_sf.data()), 1, H, sf_bytes);
+    in.value_block_scales = in.key_block_scales;
+    outs.key_block_scales = sf_pool(key_sf_rows);
+    outs.value_block_scales = sf_pool(value_sf_rows);
+  }
+  return kvrope::verify::check_append(in, outs, oracle);
+}
+
 template <typename T, typename C>
 struct AppendCaseData : CaseDataBase {
   using Pos = int64_t;
@@ -456,65 +530,15 @@ struct AppendCaseData : CaseDataBase {
     reset(stream);
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
 
-    // The host's part: the call as check_append reads it, over the flat pool of the gathered rows (page size
-    // 1, T pages, slot t for token t; the pool "before" the call holds the pattern, never read: every slot is
-    // written).
-    std::vector<int64_t> flat_slots(static_cast<size_t>(tokens));
-    for (int64_t t = 0; t < tokens; ++t) flat_slots[static_cast<size_t>(t)] = t;
-    std::vector<uint8_t> pattern_rows(key_rows.size(), kAppendCachePattern);
-    std::vector<uint8_t> pattern_sf(key_sf_rows.size(), kAppendCachePattern);
-    C* const before_rows = reinterpret_cast<C*>(pattern_rows.data());
-    [[maybe_unused]] const float scale_k = kAppendKeyScale, scale_v = kAppendValueScale;
-    auto pool = [&](const std::vector<uint8_t>& rows) {
-      return kvrope::nhd_pages(reinterpret_cast<const C*>(rows.data()), 1, H, cache_row);
-    };
-    [[maybe_unused]] auto sf_pool = [&](const std::vector<uint8_t>& rows) {
-      return kvrope::nhd_pages(reinterpret_cast<const __nv_fp8_e4m3*>(rows.data()), 1, H, sf_bytes);
-    };
-    kvrope::AppendParams<T, C, Pos> in;
-    in.tokens = tokens;
-    in.heads = H;
-    in.query_heads = Hq;
-    in.head_dim = D;
-    in.rotary_dim = D;
-    in.style = kvrope::RotaryStyle::kRotateHalf;
-    in.query = {before.data(), width, D};
-    in.key = {before.data() + Hq * D, width, D};
-    in.key_in_place = key_in_place;
-    in.value = {before.data() + (Hq + H) * D, width, D};
-    in.positions = host.positions.data();
-    if (sc.mrope) {
-      sc.mrope_sections(in.mrope_section);
-      in.position_stream_stride = tokens;
-    }
-    in.cos_sin_cache_f32 = host_table.data();
-    in.max_position = sc.max_position;
-    in.key_cache = kvrope::nhd_pages(before_rows, 1, H, cache_row);  // read only (where no token writes)
-    in.value_cache = in.key_cache;
-    in.page_size = 1;
-    in.num_pages = tokens;
-    in.slot_mapping = flat_slots.data();
-    if constexpr (kvrope::kIsQuantized<C>) {
-      in.key_scale = &scale_k;
-      in.value_scale = &scale_v;
-    }
-    kvrope::verify::AppendOutputs<T, C> outs;
-    outs.query = {after.data(), width, D};
-    outs.key = {after.data() + Hq * D, width, D};
-    outs.value = {after.data() + (Hq + H) * D, width, D};
-    outs.key_cache = pool(key_rows);
-    outs.value_cache = pool(value_rows);
+    // The host's part (append_check_rows).
     kvrope::verify::Nvfp4Oracle oracle;
-    if constexpr (nvfp4) {
-      in.key_block_scales = kvrope::nhd_pages(reinterpret_cast<__nv_fp8_e4m3*>(pattern_sf.data()), 1, H, sf_bytes);
-      in.value_block_scales = in.key_block_scales;
-      outs.key_block_scales = sf_pool(key_sf_rows);
-      outs.value_block_scales = sf_pool(value_sf_rows);
+    if constexpr (nvfp4)
       oracle = [this, stream](const std::vector<std::array<float, 2>>& asked) {
         return nvfp4_answers(asked, stream);
       };
-    }
-    const kvrope::verify::CheckResult r = kvrope::verify::check_append(in, outs, oracle);
+    const kvrope::verify::CheckResult r = append_check_rows<T, C>(sc, host.positions, host_table, before, after,
+                                                                  key_rows, value_rows, key_sf_rows, value_sf_rows,
+                                                                  key_in_place, oracle);
 
     if (flag != 0) out.failure = "error_flag = " + std::to_string(flag) + "; ";
     // Every q, k and v element, and at least one comparison a cache row: else the check proved nothing.
