@@ -16,14 +16,25 @@ Timed, where each applies:
   quant_scale_q = 1 / 0.02);
 - its two launches apply_rope_with_cos_sin_cache_inplace (q and k in place) then append_paged_kv_cache
   (bf16 caches);
+- on the NVFP4 cases (cache "nvfp4", decode ids 73-96, prefill 49-64: the bf16 cases' shapes with NVFP4
+  caches), its pair apply_rope_with_cos_sin_cache_inplace (q and k in place) then
+  nvfp4_quantize_append_paged_kv_cache_with_slot_mapping (k and v; global scales the cases' k 0.0125, v 0.015),
+  column "FI r+fp4": its custom op called with the scales as prebuilt device tensors (the public function
+  validates them with a host copy each call, which the span would include; the function itself where the op
+  is not found, said once);
 - kvrope through the PyTorch package (kvrope_torch.rope_append_, k read only, and with key_in_place as the
   two launches do), where the package is importable; else those columns are left out. On the q-fp8 cases only
   where rope_append_ takes q_scale (an fp8 query_out); else left out there (kvrope_bench times those cases).
+  NVFP4: kv_cache_dtype="nvfp4" with the block scales; mRoPE cases (cache "bf16+mrope", decode 97-120,
+  prefill 65-80: the bf16 cases with positions [3, T], sections {16, 24, 24}): mrope_section, where
+  rope_append_ takes it. FlashInfer has no mRoPE kernel: its columns are empty there.
 
 Protocol (docs/benchmarks.md): before each call the L2 is flushed (a buffer of twice the L2 written) and the
 device synchronized; a call's time is its kernels' span (first start to last end) from CUPTI through
 torch.profiler; median of --iters calls. A small ragged case is first checked against a PyTorch reference for
-every method, layout and cache type. On the GPU machine (no downloads), from the repository root:
+every method, layout and cache type (NVFP4: kvrope's codes and block scales bit for bit what FlashInfer's
+quantizer writes from the same rotated k and v, and the FlashInfer pair's too). On the GPU machine (no
+downloads), from the repository root:
 
     source dev/scripts/flashinfer_setup.sh && python3 bench/flashinfer_compare.py [--iters 50] [--json out.json]
 
@@ -54,6 +65,7 @@ DECODE_BATCHES = (1, 8, 32, 128, 256, 1024)
 PREFILL_SHAPES = ((8, 512), (1, 2048), (4, 1024), (1, 8192))
 QUERY_HEADS = (32, 64)
 FP8 = torch.float8_e4m3fn
+NVFP4_BLOCK = 16  # an e4m3 block scale a block of 16 values along D
 FP8_MAX = 448.0
 DEVICE = "cuda"
 
@@ -79,7 +91,9 @@ class SplitMix:
 
 def case_table(decode, heads=8, head_dim=128, page_size=16):
     """Every case of a serve suite, numbered from 1: shapes, then Hq, the cache, the layout; then every
-    fp8-cache case again with q written in fp8 (q8: decode 49-72, prefill 33-48), as append_case_table."""
+    fp8-cache case again with q written in fp8 (q8: decode 49-72, prefill 33-48); then the bf16 cases' shapes
+    with NVFP4 caches (decode 73-96, prefill 49-64); then every bf16 case again with mRoPE positions (mrope,
+    twin its id: decode 97-120, prefill 65-80), as append_case_table."""
     shapes = [(b, 1) for b in DECODE_BATCHES] if decode else list(PREFILL_SHAPES)
     cases = []
     for seqs, length in shapes:
@@ -89,17 +103,41 @@ def case_table(decode, heads=8, head_dim=128, page_size=16):
                     s_max = -(-length // page_size) * page_size if length > S_MAX else S_MAX
                     cases.append(dict(id=len(cases) + 1, decode=decode, seqs=seqs, tokens_per_seq=length,
                                       s_max=s_max, hq=hq, h=heads, d=head_dim, page_size=page_size,
-                                      max_position=s_max, cache=cache, layout=layout, q8=False))
-    # The q-fp8 cases, after all the others (the ids above never change).
+                                      max_position=s_max, cache=cache, layout=layout, q8=False, mrope=False,
+                                      twin=0))
+    # The q-fp8 cases, after all the others (the ids above never change); then the NVFP4 and the mRoPE cases.
     fp8_cases = [c for c in cases if c["cache"] != "bf16"]
+    bf16_cases = [c for c in cases if c["cache"] == "bf16"]
     for c in fp8_cases:
         cases.append(dict(c, id=len(cases) + 1, q8=True))
+    for c in bf16_cases:
+        cases.append(dict(c, id=len(cases) + 1, cache="nvfp4"))
+    for c in bf16_cases:
+        cases.append(dict(c, id=len(cases) + 1, mrope=True, twin=c["id"]))
     return cases
 
 
 def cache_label(c):
-    """The cache column: the cache's type, "+q8" where q is written in fp8 too (append_cache_label)."""
-    return c["cache"] + ("+q8" if c.get("q8") else "")
+    """The cache column: the cache's type, "+q8" where q is written in fp8 too, "+mrope" with mRoPE positions
+    (append_cache_label)."""
+    return c["cache"] + ("+q8" if c.get("q8") else "") + ("+mrope" if c.get("mrope") else "")
+
+
+def group(c):
+    """The case's group (AppendCase::group): "nvfp4", "mrope", or "base" (the cases the means always covered)."""
+    return "nvfp4" if c["cache"] == "nvfp4" else "mrope" if c.get("mrope") else "base"
+
+
+def mrope_sections(c):
+    """Qwen2-VL's {16, 24, 24} scaled to R = D (AppendCase::mrope_sections)."""
+    d = c["d"]
+    return [d // 8, 3 * d // 16, d // 2 - d // 8 - 3 * d // 16]
+
+
+def mrope_positions(c, positions):
+    """The mRoPE cases' [3, T] streams from the twin's positions p: p, p // 2, max_position - 1 - p
+    (append_tokens)."""
+    return [list(positions), [p // 2 for p in positions], [c["max_position"] - 1 - p for p in positions]]
 
 
 def shape_name(c):
@@ -112,7 +150,9 @@ def case_bytes(c, key_written=False):
     hq, h, d = c["hq"], c["h"], c["d"]
     ce = 2 if c["cache"] == "bf16" else 1
     qe = 1 if c.get("q8") else 2
-    per_token = (2 + qe) * hq * d + 2 * 2 * h * d + ce * 2 * h * d + 4 * d + 16 + (2 * h * d if key_written else 0)
+    rows = 2 * h * (d // 2 + d // NVFP4_BLOCK) if c["cache"] == "nvfp4" else ce * 2 * h * d
+    per_token = ((2 + qe) * hq * d + 2 * 2 * h * d + rows + 4 * d + 16 + (16 if c.get("mrope") else 0) +
+                 (2 * h * d if key_written else 0))
     return per_token * c["seqs"] * c["tokens_per_seq"]
 
 
@@ -161,12 +201,22 @@ class Problem:
         self.qkv = torch.randn(t, (hq + 2 * h) * d, dtype=torch.bfloat16, **cuda)
         self.table = table
         self.positions = torch.tensor(positions, dtype=torch.int64, **cuda)
+        # mRoPE: [3, T] (kvrope's positions there); FlashInfer's metadata below reads the twin's positions.
+        self.sections = mrope_sections(c) if c.get("mrope") else None
+        self.positions3 = (torch.tensor(mrope_positions(c, positions), dtype=torch.int64, **cuda)
+                           if c.get("mrope") else None)
         self.slots = torch.tensor(slots, dtype=torch.int64, **cuda)
         pages = b * (c["s_max"] // p)
-        shape = (pages, p, h, d) if c["layout"] == "NHD" else (pages, h, p, d)
-        dtype = torch.bfloat16 if c["cache"] == "bf16" else FP8
+        nvfp4 = c["cache"] == "nvfp4"
+        row = d // 2 if nvfp4 else d  # NVFP4: uint8 codes [.., D / 2], e4m3 block scales [.., D / 16]
+        shape = (pages, p, h, row) if c["layout"] == "NHD" else (pages, h, p, row)
+        dtype = torch.bfloat16 if c["cache"] == "bf16" else torch.uint8 if nvfp4 else FP8
         make = torch.zeros if zero_caches else torch.empty
         self.kc, self.vc = make(shape, dtype=dtype, **cuda), make(shape, dtype=dtype, **cuda)
+        self.ksf = self.vsf = None
+        if nvfp4:
+            sf_shape = shape[:-1] + (d // NVFP4_BLOCK,)
+            self.ksf, self.vsf = (torch.zeros(sf_shape, dtype=torch.uint8, **cuda).view(FP8) for _ in range(2))
         self.k_scale = torch.tensor([KEY_SCALE], dtype=torch.float32, **cuda)
         self.v_scale = torch.tensor([VALUE_SCALE], dtype=torch.float32, **cuda)
         self.q_scale = torch.tensor([QUERY_SCALE], dtype=torch.float32, **cuda)
@@ -192,10 +242,11 @@ class Problem:
         return q, k, v
 
     def _slot_rows(self, cache):
-        """The cache's bits as [slots, H, D] (indexed as integers: fp8 indexing need not be supported)."""
+        """The cache's bits as [slots, H, row] (indexed as integers: fp8 indexing need not be supported; row D,
+        or an NVFP4 cache's D / 2 code bytes or D / 16 block scales)."""
         c = cache if self.c["layout"] == "NHD" else cache.transpose(1, 2)
         bits = c.contiguous().view(torch.uint8 if cache.element_size() == 1 else torch.int16)
-        return bits.reshape(-1, self.c["h"], self.c["d"])
+        return bits.reshape(-1, self.c["h"], cache.shape[-1])
 
     def rows(self, cache):
         """The cache rows of the tokens' slots, [T, H, D]."""
@@ -246,6 +297,39 @@ class FlashInfer:
         except Exception as e:  # noqa: BLE001
             print(f"flashinfer: the Cake fused kernel is unavailable: {type(e).__name__}: {e}")
             self.cake = None
+
+    NVFP4_OP_PARAMS = ("append_key", "append_value", "slot_mapping", "paged_k_cache", "paged_v_cache",
+                       "k_scale_cache", "v_scale_cache", "k_scale", "v_scale", "layout")
+
+    def nvfp4_append(self):
+        """FlashInfer's NVFP4 append by slot as the timed pair calls it: (call(k, v, slots, kc, vc, ksf, vsf,
+        k_scale, v_scale, layout), note), k_scale and v_scale float32 device tensors of one element. Its custom op
+        _nvfp4_quantize_append_paged_kv_cache_with_slot_mapping_kernel where found with the parameters of 0.7.4
+        (what the public function launches once it has validated the scales, which costs a host copy a call);
+        else the public function (note says so); (None, why) where neither exists."""
+        if self.page is None:
+            return None, "flashinfer.page is not importable"
+        public = getattr(self.page, "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping", None)
+        op = getattr(self.page, "_nvfp4_quantize_append_paged_kv_cache_with_slot_mapping_kernel", None)
+        layouts = getattr(self.page, "TensorLayout", None)
+        if op is not None and layouts is not None:
+            try:
+                params = tuple(inspect.signature(getattr(op, "_init_fn", op)).parameters)
+            except (TypeError, ValueError):
+                params = ()
+            if params == self.NVFP4_OP_PARAMS:
+                return (lambda k, v, slots, kc, vc, ksf, vsf, ks, vs, layout:
+                        op(k, v, slots, kc, vc, ksf, vsf, ks, vs, layouts[layout].value)), "its custom op"
+        if public is None:
+            return None, "flashinfer.page has no nvfp4_quantize_append_paged_kv_cache_with_slot_mapping"
+        return (lambda k, v, slots, kc, vc, ksf, vsf, ks, vs, layout:
+                public(k, v, slots, (kc, vc), (ksf, vsf), ks, vs, kv_layout=layout)), \
+            "the public function (its custom op not found: the span includes its check of the scales)"
+
+    def nvfp4_reference(self):
+        """The public NVFP4 append by slot (what verify() compares the caches with), or None."""
+        return None if self.page is None else getattr(self.page,
+                                                      "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping", None)
 
     def cake_supports(self, c):
         return (self.cake is not None and c["cache"] == "bf16" and c["layout"] == "NHD" and c["d"] == 128
@@ -300,6 +384,14 @@ def import_kvrope():
     return kvrope_torch, None
 
 
+def kvrope_takes(kv, name):
+    """Whether the package's rope_append_ takes keyword `name` (key_cache_sf: NVFP4 caches; mrope_section)."""
+    try:
+        return kv is not None and name in inspect.signature(kv.rope_append_).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def kvrope_writes_q8(kv):
     """Whether the package's rope_append_ writes q in fp8 (an fp8 query_out with q_scale): the q-fp8 cases'
     kvrope columns; else left out on those cases."""
@@ -315,9 +407,35 @@ def methods(pr, fi, kv):
     c = pr.c
     q, k, v = pr.views()
     hq, h, d, layout = c["hq"], c["h"], c["d"], c["layout"]
-    fp8 = c["cache"] != "bf16"
+    fp8 = c["cache"] == "fp8_e4m3"
     q8 = bool(c.get("q8"))
     out = {}
+    if c["cache"] == "nvfp4":  # FlashInfer's rope + NVFP4 append pair; kvrope with kv_cache_dtype="nvfp4"
+        append, _ = fi.nvfp4_append() if fi.rope is not None else (None, None)
+        if append is not None:
+            rope_inplace = fi.rope.apply_rope_with_cos_sin_cache_inplace
+
+            def rope_nvfp4():
+                rope_inplace(pr.positions, q, k, d, pr.table, is_neox=True)
+                append(k, v, pr.slots, pr.kc, pr.vc, pr.ksf, pr.vsf, pr.k_scale, pr.v_scale, layout)
+
+            out["fi_nvfp4"] = (rope_nvfp4, "q", True, None)
+        if kvrope_takes(kv, "key_cache_sf"):
+            for name, kip in (("kvrope", False), ("kvrope_kip", True)):
+                out[name] = (lambda kip=kip: kv.rope_append_(q, k, v, pr.positions, pr.table, pr.kc, pr.vc, pr.slots,
+                                                             key_in_place=kip, layout=layout, kv_cache_dtype="nvfp4",
+                                                             k_scale=pr.k_scale, v_scale=pr.v_scale,
+                                                             key_cache_sf=pr.ksf, value_cache_sf=pr.vsf),
+                             "q", kip, None)
+        return out
+    if c.get("mrope"):  # FlashInfer has no mRoPE kernel: kvrope only
+        if kvrope_takes(kv, "mrope_section"):
+            for name, kip in (("kvrope", False), ("kvrope_kip", True)):
+                out[name] = (lambda kip=kip: kv.rope_append_(q, k, v, pr.positions3, pr.table, pr.kc, pr.vc, pr.slots,
+                                                             key_in_place=kip, layout=layout,
+                                                             mrope_section=pr.sections),
+                             "q", kip, None)
+        return out
     if fi.rope is not None:
         if fi.cake_supports(c):
             cake = fi.cake.cake_fused_qk_rmsnorm_rope_append_paged_kv_cache
@@ -359,10 +477,18 @@ def methods(pr, fi, kv):
 
 # --- the check --------------------------------------------------------------------------------------------
 
-def rope_ref(x, table, positions):
-    """RoPE of x [T, n, D] (rotate-half) in fp32 from the table cache rows of positions."""
+def rope_ref(x, table, positions, sections=None):
+    """RoPE of x [T, n, D] (rotate-half) in fp32 from the table cache rows of positions [T]; with mRoPE
+    sections [s0, s1, s2], positions [3, T] and pair i from the row of its stream (contiguous sections)."""
     half = x.shape[-1] // 2
-    cs = table[positions]
+    if sections is None:
+        cs = table[positions]
+    else:
+        bounds = [0, sections[0], sections[0] + sections[1], half]
+        rows = [table[positions[j]] for j in range(3)]
+        cos = torch.cat([rows[j][:, bounds[j]:bounds[j + 1]] for j in range(3)], dim=1)
+        sin = torch.cat([rows[j][:, half + bounds[j]:half + bounds[j + 1]] for j in range(3)], dim=1)
+        cs = torch.cat([cos, sin], dim=1)
     c, s = cs[:, None, :half], cs[:, None, half:]
     x = x.float()
     x1, x2 = x[..., :half], x[..., half:]
@@ -391,11 +517,11 @@ def steps(got, want):
 VERIFY_STARTS, VERIFY_LENGTHS, VERIFY_SMAX = [0, 37, 100], [5, 1, 20], 256
 
 
-def verify_case(cache, layout, q8=False):
+def verify_case(cache, layout, q8=False, mrope=False):
     """The check's small ragged batch: 3 sequences (5 tokens from 0, 1 at 37, 20 from 100), Hq = 64, H = 8."""
     return dict(decode=False, seqs=len(VERIFY_LENGTHS), tokens_per_seq=0, rows=sum(VERIFY_LENGTHS),
                 s_max=VERIFY_SMAX, hq=64, h=8, d=128, page_size=16, max_position=S_MAX, cache=cache, layout=layout,
-                q8=q8)
+                q8=q8, mrope=mrope, twin=0)
 
 
 def verify(fi, kv):
@@ -414,16 +540,19 @@ def verify(fi, kv):
     batch = [b for b in range(seqs) for _ in range(lengths[b])]
     slots = [page_table[b][pos // p] * p + pos % p for b, pos in zip(batch, positions)]
     table = rope_table(S_MAX, 128)
+    tokens = (page_table, positions, slots, starts, lengths)
     failures = 0
-    for cache, q8 in (("bf16", False), ("fp8_e4m3", False), ("fp8_e4m3", True)):
+    for cache, q8, mrope in (("bf16", False, False), ("fp8_e4m3", False, False), ("fp8_e4m3", True, False),
+                             ("bf16", False, True)):
         for layout in ("NHD", "HND"):
-            c = verify_case(cache, layout, q8)
-            probe = Problem(c, (page_table, positions, slots, starts, lengths), table, zero_caches=True, seed=3)
+            c = verify_case(cache, layout, q8, mrope)
+            probe = Problem(c, tokens, table, zero_caches=True, seed=3)
             for name in methods(probe, fi, kv):
-                pr = Problem(c, (page_table, positions, slots, starts, lengths), table, zero_caches=True, seed=3)
+                pr = Problem(c, tokens, table, zero_caches=True, seed=3)
                 call, q_where, kip, scales = methods(pr, fi, kv)[name]
                 q0, k0, v0 = (x.clone() for x in pr.views())
-                q_ref, k_ref = rope_ref(q0, table, pr.positions), rope_ref(k0, table, pr.positions)
+                where = pr.positions3 if mrope else pr.positions
+                q_ref, k_ref = rope_ref(q0, table, where, pr.sections), rope_ref(k0, table, where, pr.sections)
                 try:
                     call()
                     torch.cuda.synchronize()
@@ -456,6 +585,77 @@ def verify(fi, kv):
                 print(f"verify {name:10s} {cache_label(c):8s} {layout}: {verdict} (ulps: {detail})")
                 del pr
             del probe
+    return failures + verify_nvfp4(fi, kv, tokens, table)
+
+
+def verify_nvfp4(fi, kv, tokens, table):
+    """The NVFP4 methods on verify_case's batch, each layout: q (and k where rotated in place) within one unit
+    in the last place of rope_ref, v and (k read only) k unchanged; the caches (codes and block scales, the whole
+    tensors: rows no token names stay zero) bit for bit what FlashInfer's public quantizer writes, into zeroed
+    caches, from the rotated k the method wrote (kvrope, k read only: kvrope's key_in_place call's, the same
+    arithmetic) and v; and FlashInfer's pair's value codes and scales bit for bit kvrope's. Returns the number
+    of disagreements."""
+    reference = fi.nvfp4_reference()
+    failures = 0
+    for layout in ("NHD", "HND"):
+        c = verify_case("nvfp4", layout)
+        names = list(methods(Problem(c, tokens, table, zero_caches=True, seed=3), fi, kv))
+        if not names:
+            continue
+        results = {}
+        for name in sorted(names, key=lambda n: n != "kvrope_kip"):  # kvrope_kip first: its k stands for kvrope's
+            pr = Problem(c, tokens, table, zero_caches=True, seed=3)
+            call, _, kip, _ = methods(pr, fi, kv)[name]
+            q0, k0, v0 = (x.clone() for x in pr.views())
+            q_ref, k_ref = rope_ref(q0, table, pr.positions), rope_ref(k0, table, pr.positions)
+            try:
+                call()
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                print(f"verify {name:10s} {'nvfp4':8s} {layout}: FAILED to run: {type(e).__name__}: {e}")
+                failures += 1
+                continue
+            q, k, v = pr.views()
+            found = {"q": steps(q, q_ref.bfloat16()), "k": steps(k, k_ref.bfloat16() if kip else k0),
+                     "v": steps(v, v0)}
+            bad = [f"{key} {val:g}" for key, val in found.items() if val > {"k": 1 if kip else 0, "v": 0}.get(key, 1)]
+            results[name] = (pr, k.clone() if kip else None)
+            k_seen = results[name][1] if kip else results.get("kvrope_kip", (None, None))[1]
+            compared = "not compared (no FlashInfer quantizer)" if reference is None else \
+                "not compared (no rotated k: kvrope_kip did not run)"
+            if reference is not None and k_seen is not None:
+                ref = Problem(c, tokens, table, zero_caches=True, seed=3)
+                reference(k_seen, v0, ref.slots, (ref.kc, ref.vc), (ref.ksf, ref.vsf), KEY_SCALE, VALUE_SCALE,
+                          kv_layout=layout)
+                torch.cuda.synchronize()
+                differ = {label: int((got.view(torch.uint8) != want.view(torch.uint8)).sum().item())
+                          for label, got, want in (("key codes", pr.kc, ref.kc), ("value codes", pr.vc, ref.vc),
+                                                   ("key scales", pr.ksf, ref.ksf),
+                                                   ("value scales", pr.vsf, ref.vsf))}
+                bad += [f"{label}: {n} bytes differ from FlashInfer's quantizer" for label, n in differ.items() if n]
+                compared = "caches bit-exact with FlashInfer's quantizer" if not any(differ.values()) else \
+                    "caches differ"
+                del ref
+            failures += bool(bad)
+            detail = ", ".join(f"{key} {val:g}" for key, val in found.items())
+            verdict = "MISMATCH " + "; ".join(bad) if bad else "ok"
+            print(f"verify {name:10s} {'nvfp4':8s} {layout}: {verdict} ({compared}; ulps: {detail})")
+        # The FlashInfer pair against kvrope: v's codes and scales bit for bit (both quantize v as given); k's
+        # as they compare (the two rotations may round an element of k apart).
+        if "fi_nvfp4" in results and "kvrope" in results:
+            a, b = results["fi_nvfp4"][0], results["kvrope"][0]
+            differ = {label: int((x.view(torch.uint8) != y.view(torch.uint8)).sum().item())
+                      for label, x, y in (("value codes", a.vc, b.vc), ("value scales", a.vsf, b.vsf),
+                                          ("key codes", a.kc, b.kc), ("key scales", a.ksf, b.ksf))}
+            k_apart = int((results["fi_nvfp4"][1].view(torch.int16) != results["kvrope_kip"][1].view(torch.int16))
+                          .sum().item()) if "kvrope_kip" in results else -1
+            bad = differ["value codes"] + differ["value scales"]
+            failures += bool(bad)
+            print(f"verify fi_nvfp4 vs kvrope nvfp4 {layout}: {'MISMATCH' if bad else 'ok'} (bytes differing: " +
+                  ", ".join(f"{label} {n}" for label, n in differ.items()) +
+                  (f"; rotated k elements differing (FlashInfer's rope vs kvrope's): {k_apart}" if k_apart >= 0 else "")
+                  + ")")
+        del results
     return failures
 
 
@@ -514,7 +714,8 @@ class SpanClock:
 
 # --- main -------------------------------------------------------------------------------------------------
 
-COLUMNS = ("fi_fused", "fi_fp8", "fi_two", "kvrope", "kvrope_kip")
+COLUMNS = ("fi_fused", "fi_fp8", "fi_two", "fi_nvfp4", "kvrope", "kvrope_kip")
+FI_COLUMNS = 4  # COLUMNS[:4] are FlashInfer's
 
 
 def fmt(x, f="{:.2f}"):
@@ -565,6 +766,15 @@ def main():
     elif not kvrope_writes_q8(kv) and any(c["q8"] for c in cases):
         print("kvrope: columns left out on the q-fp8 cases: kvrope_torch.rope_append_ takes no q_scale (no fp8 "
               "query_out); kvrope_bench times them")
+    for kw, what in (("key_cache_sf", "NVFP4"), ("mrope_section", "mRoPE")):
+        if kv is not None and not kvrope_takes(kv, kw) and any(group(c) == what.lower() for c in cases):
+            print(f"kvrope: columns left out on the {what} cases: kvrope_torch.rope_append_ takes no {kw}")
+    if any(group(c) == "nvfp4" for c in cases) and fi.rope is not None:
+        append, how = fi.nvfp4_append()
+        print(f"flashinfer: NVFP4 pair (FI r+fp4): "
+              f"{'not timed: ' + how if append is None else 'append through ' + how}")
+    if any(group(c) == "mrope" for c in cases):
+        print("flashinfer: no mRoPE kernel: its columns are empty on the mRoPE cases (cache bf16+mrope)")
     if fi.rope is None and kv is None:
         print("nothing to time")
         return 1
@@ -581,10 +791,12 @@ def main():
     # Each case's row as soon as it is timed (a run cut short keeps what it printed), the means at the end.
     print("\nFI fused: cake_fused_qk_rmsnorm_rope_append_paged_kv_cache (bf16 NHD, Hq 64); FI fp8: "
           "rope_quantize_fp8_append_paged_kv_cache (q out in fp8); FI r+a: apply_rope_with_cos_sin_cache_inplace + "
-          "append_paged_kv_cache (k in place); kvrope: rope_append_ (k read only); kip: with key_in_place; "
-          "FI1: the faster FlashInfer single launch; FI2: FI r+a")
+          "append_paged_kv_cache (k in place); FI r+fp4: apply_rope_with_cos_sin_cache_inplace + "
+          "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping (NVFP4 caches, k in place); kvrope: rope_append_ "
+          "(k read only); kip: with key_in_place; FI1: the faster FlashInfer single launch; FI2: FI r+a, or FI "
+          "r+fp4 on the NVFP4 cases")
     print(f"{'suite':13s} {'case':>4s} {'shape':>8s} {'Hq':>3s} {'cache':>8s} {'lay':>3s} {'MB':>8s} | "
-          f"{'FI fused':>8s} {'FI fp8':>8s} {'FI r+a':>8s} | {'kvrope':>8s} {'kip':>8s} | "
+          f"{'FI fused':>8s} {'FI fp8':>8s} {'FI r+a':>8s} {'FI r+fp4':>8s} | {'kvrope':>8s} {'kip':>8s} | "
           f"{'k/FI1':>6s} {'k/FI2':>6s} {'kip/FI2':>7s}", flush=True)
     results, tokens_of, tables = [], {}, {}
     for c in cases:
@@ -596,7 +808,8 @@ def main():
             tables[c["max_position"]] = rope_table(c["max_position"], c["d"])
         pr = Problem(c, tokens_of[key], tables[c["max_position"]], seed=c["id"])
         r = dict(suite=c["suite"], case=c["id"], shape=shape_name(c), hq=c["hq"], cache=c["cache"],
-                 query_fp8=c["q8"], layout=c["layout"], bytes=case_bytes(c), bytes_key_written=case_bytes(c, True))
+                 query_fp8=c["q8"], mrope=c["mrope"], twin=c["twin"], group=group(c), layout=c["layout"],
+                 bytes=case_bytes(c), bytes_key_written=case_bytes(c, True))
         for name, (call, _, _, _) in methods(pr, fi, kv).items():
             try:
                 r[name] = clock.span(call, args.iters)
@@ -607,18 +820,21 @@ def main():
         single = [r[n] for n in ("fi_fused", "fi_fp8") if n in r]
         r["fi_single"] = min(single) if single else None
         r["kvrope_over_fi_single"] = r["kvrope"] / r["fi_single"] if "kvrope" in r and r["fi_single"] else None
-        r["kvrope_over_fi_two"] = r["kvrope"] / r["fi_two"] if "kvrope" in r and "fi_two" in r else None
-        r["kip_over_fi_two"] = r["kvrope_kip"] / r["fi_two"] if "kvrope_kip" in r and "fi_two" in r else None
+        # FI2: the rope + append pair of the case's cache (bf16: FI r+a; NVFP4: FI r+fp4).
+        two = r.get("fi_two", r.get("fi_nvfp4"))
+        r["kvrope_over_fi_two"] = r["kvrope"] / two if "kvrope" in r and two else None
+        r["kip_over_fi_two"] = r["kvrope_kip"] / two if "kvrope_kip" in r and two else None
         results.append(r)
         print(f"{r['suite']:13s} {r['case']:4d} {r['shape']:>8s} {r['hq']:3d} {cache_label(c):>8s} {r['layout']:>3s} "
-              f"{r['bytes'] * 1e-6:8.3f} | " + " ".join(f"{fmt(r.get(n)):>8s}" for n in COLUMNS[:3]) + " | " +
-              " ".join(f"{fmt(r.get(n)):>8s}" for n in COLUMNS[3:]) + " | " +
+              f"{r['bytes'] * 1e-6:8.3f} | " + " ".join(f"{fmt(r.get(n)):>8s}" for n in COLUMNS[:FI_COLUMNS]) + " | " +
+              " ".join(f"{fmt(r.get(n)):>8s}" for n in COLUMNS[FI_COLUMNS:]) + " | " +
               f"{fmt(r['kvrope_over_fi_single'], '{:.3f}'):>6s} {fmt(r['kvrope_over_fi_two'], '{:.3f}'):>6s} "
               f"{fmt(r['kip_over_fi_two'], '{:.3f}'):>7s}", flush=True)
     print()
     summary = {}
     for suite in sorted({r["suite"] for r in results}):
-        rs = [r for r in results if r["suite"] == suite]
+        # The lines of old over the cases they always covered (group base); the NVFP4 and mRoPE groups after.
+        rs = [r for r in results if r["suite"] == suite and r["group"] == "base"]
         for label, key in (("kvrope / FlashInfer single launch", "kvrope_over_fi_single"),
                            ("kvrope / FlashInfer rope+append", "kvrope_over_fi_two"),
                            ("kvrope_kip / FlashInfer rope+append", "kip_over_fi_two")):
@@ -630,6 +846,25 @@ def main():
             g, n = geomean([r.get(name) for r in rs])
             if n:
                 print(f"{suite} {name} geomean us = {g:.2f} (over {n} cases)")
+        rs = [r for r in results if r["suite"] == suite and r["group"] == "nvfp4"]
+        for label, key in (("kvrope / FlashInfer rope+nvfp4 append", "kvrope_over_fi_two"),
+                           ("kvrope_kip / FlashInfer rope+nvfp4 append", "kip_over_fi_two")):
+            g, n = geomean([r[key] for r in rs])
+            summary[f"{suite} nvfp4 {key}"] = g
+            if n:
+                print(f"{suite} nvfp4: {label} geomean = {g:.3f} (over {n} cases)")
+        for name in ("fi_nvfp4", "kvrope", "kvrope_kip"):
+            g, n = geomean([r.get(name) for r in rs])
+            if n:
+                print(f"{suite} nvfp4: {name} geomean us = {g:.2f} (over {n} cases)")
+        rs = [r for r in results if r["suite"] == suite and r["group"] == "mrope"]
+        twins = {r["case"]: r for r in results if r["suite"] == suite}
+        for name in ("kvrope", "kvrope_kip"):
+            g, n = geomean([r[name] / twins[r["twin"]][name] for r in rs
+                            if name in r and r["twin"] in twins and twins[r["twin"]].get(name)])
+            summary[f"{suite} mrope {name}_over_ordinary"] = g
+            if n:
+                print(f"{suite} bf16+mrope: {name} mrope/ordinary geomean = {g:.3f} (over {n} cases with their twin)")
     if failures:
         print(f"verify: {failures} MISMATCH(ES) (see the verify lines above)")
     if args.json:

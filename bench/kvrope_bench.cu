@@ -79,6 +79,22 @@ void print_header(const Run& run) {
           "e4m3, per-tensor scale %g (a device float), q left as it was; the naive reference runs as on the "
           "fp8_e4m3 case (q rotated in place in bf16: it has no fp8 q)\n",
           static_cast<double>(kAppendQueryScale));
+    // The NVFP4 and mRoPE cases, when selected (append_cases.hpp): no naive variant on them.
+    auto any = [&](AppendGroup g) {
+      return std::any_of(run.append_cases.begin(), run.append_cases.end(),
+                         [g](const AppendCase& sc) { return sc.group() == g; });
+    };
+    if (any(AppendGroup::kNvfp4))
+      std::printf(
+          "nvfp4 cases (cache nvfp4): NVFP4 caches, e2m1 codes [.., D / 2] and e4m3 block scales [.., D / 16] in the "
+          "caches' layout, global scales k %g, v %g; the naive reference does not run on them (it has no NVFP4 "
+          "cache): checked against the float64 reference instead\n",
+          static_cast<double>(kAppendKeyScale), static_cast<double>(kAppendValueScale));
+    if (any(AppendGroup::kMrope))
+      std::printf(
+          "mRoPE cases (cache bf16+mrope): the bf16-cache cases with positions [3, T] and contiguous sections "
+          "{16, 24, 24} (at D = 128); the naive reference does not run on them (it has no mRoPE): checked against "
+          "the float64 reference instead\n");
     std::printf("\n");
     std::fflush(stdout);
     return;

@@ -10,15 +10,25 @@
 
 namespace kvrope_bench {
 
-enum class AppendCache { kBf16, kFp8E4m3 };
+enum class AppendCache { kBf16, kFp8E4m3, kNvfp4 };
 enum class AppendLayout { kNhd, kHnd };
 
-inline const char* append_cache_name(AppendCache c) { return c == AppendCache::kBf16 ? "bf16" : "fp8_e4m3"; }
-inline const char* append_layout_name(AppendLayout l) { return l == AppendLayout::kNhd ? "NHD" : "HND"; }
-// The cache column of the tables and labels: the cache's type, with "+q8" where q is written in fp8 too.
-inline const char* append_cache_label(AppendCache c, bool query_fp8) {
-  return query_fp8 ? "fp8_e4m3+q8" : append_cache_name(c);
+inline const char* append_cache_name(AppendCache c) {
+  return c == AppendCache::kBf16 ? "bf16" : c == AppendCache::kFp8E4m3 ? "fp8_e4m3" : "nvfp4";
 }
+inline const char* append_layout_name(AppendLayout l) { return l == AppendLayout::kNhd ? "NHD" : "HND"; }
+// The cache column of the tables and labels: the cache's type, with "+q8" where q is written in fp8 too and
+// "+mrope" where the positions are mRoPE's [3, T].
+inline const char* append_cache_label(AppendCache c, bool query_fp8, bool mrope = false) {
+  if (query_fp8) return "fp8_e4m3+q8";
+  if (mrope) return c == AppendCache::kBf16 ? "bf16+mrope" : "mrope";
+  return append_cache_name(c);
+}
+
+// The groups of cases a serve suite's summary keeps apart: the cases its geomeans have always covered (bf16 and
+// fp8 caches, the q-fp8 cases), and each group appended since, with summary lines of its own (so that the
+// first group's lines compare with runs from before the others existed).
+enum class AppendGroup { kBase, kNvfp4, kMrope };
 
 struct AppendCase {
   int id = 0;
@@ -36,13 +46,31 @@ struct AppendCase {
   // The q-fp8 cases (fp8 caches only): kvrope writes RoPE(q) to AppendParams::query_out_fp8 [T, Hq, D] as
   // fp8_satfinite(x / kAppendQueryScale), what fp8 attention reads, q left as it was; else q is rotated in place.
   bool query_fp8 = false;
+  // The mRoPE cases (bf16 caches only): positions [3, T] (temporal, height, width; append_tokens), pairs split
+  // in Qwen2-VL's contiguous sections scaled to R (mrope_sections: {16, 24, 24} at R = 128); `twin` is the id of
+  // the same case with ordinary positions [T].
+  bool mrope = false;
+  int twin = 0;
 
   int64_t tokens() const { return seqs * tokens_per_seq; }
   int64_t pages_per_seq() const { return s_max / page_size; }
   int64_t pages() const { return seqs * pages_per_seq(); }
-  int64_t cache_elem_bytes() const { return cache == AppendCache::kBf16 ? 2 : 1; }
+  int64_t cache_elem_bytes() const { return cache == AppendCache::kBf16 ? 2 : 1; }  // bf16, fp8 (not NVFP4)
   int64_t query_out_elem_bytes() const { return query_fp8 ? 1 : 2; }  // the rotated q as written
-  const char* cache_label() const { return append_cache_label(cache, query_fp8); }
+  const char* cache_label() const { return append_cache_label(cache, query_fp8, mrope); }
+  AppendGroup group() const {
+    return cache == AppendCache::kNvfp4 ? AppendGroup::kNvfp4 : mrope ? AppendGroup::kMrope : AppendGroup::kBase;
+  }
+  // An NVFP4 row in bytes: D / 2 of codes (two e2m1 a byte) and its block scales, D / 16 (one e4m3 a block of 16).
+  int64_t nvfp4_code_bytes() const { return head_dim / 2; }
+  int64_t nvfp4_scale_bytes() const { return head_dim / 16; }
+  // Qwen2-VL's mrope_section {16, 24, 24} (of R / 2 = 64 pairs) scaled to this case's R = D: s0 = R / 8,
+  // s1 = 3 R / 16, s2 the rest of R / 2.
+  void mrope_sections(int64_t (&s)[3]) const {
+    s[0] = head_dim / 8;
+    s[1] = 3 * head_dim / 16;
+    s[2] = head_dim / 2 - s[0] - s[1];
+  }
   // "8x512", "T=256": the shape, for tables.
   std::string shape() const {
     return decode ? "T=" + std::to_string(seqs) : std::to_string(seqs) + "x" + std::to_string(tokens_per_seq);
@@ -62,7 +90,9 @@ constexpr float kAppendQueryScale = 0.02f;
 //! Every case of a serve suite, numbered from 1: shapes in the order above, then Hq (32, 64), the cache (bf16,
 //! fp8 e4m3), the layout (NHD, HND). H = 8 and D = 128 unless heads / head_dim (> 0) override them. Then, after
 //! all of them (so that the ids above never change), every fp8-cache case again in the same order with q written
-//! in fp8 (query_fp8): decode 49-72, prefill 33-48.
+//! in fp8 (query_fp8): decode 49-72, prefill 33-48. Then the NVFP4 caches (shapes, Hq, layout in the same order:
+//! decode 73-96, prefill 49-64), then every bf16-cache case of the first pass again with mRoPE positions (mrope,
+//! twin its id: decode 97-120, prefill 65-80).
 inline std::vector<AppendCase> append_case_table(bool decode, int64_t heads = 0, int64_t head_dim = 0) {
   std::vector<std::pair<int64_t, int64_t>> shapes;
   if (decode) {
@@ -101,19 +131,41 @@ inline std::vector<AppendCase> append_case_table(bool decode, int64_t heads = 0,
     c.query_fp8 = true;
     cases.push_back(c);
   }
+  // The NVFP4 cases: the bf16-cache cases' shapes, Hq and layouts with NVFP4 caches.
+  for (size_t i = 0; i < first_pass; ++i) {
+    if (cases[i].cache != AppendCache::kBf16) continue;
+    AppendCase c = cases[i];
+    c.id = static_cast<int>(cases.size()) + 1;
+    c.cache = AppendCache::kNvfp4;
+    cases.push_back(c);
+  }
+  // The mRoPE cases: the bf16-cache cases again, positions [3, T], each beside its twin in the summary.
+  for (size_t i = 0; i < first_pass; ++i) {
+    if (cases[i].cache != AppendCache::kBf16) continue;
+    AppendCase c = cases[i];
+    c.id = static_cast<int>(cases.size()) + 1;
+    c.mrope = true;
+    c.twin = cases[i].id;
+    cases.push_back(c);
+  }
   return cases;
 }
 
 //! Least bytes a call moves (docs/spec.md §6.5), q, k and v of 2 bytes: q read and written (Hq D, written in 2
-//! bytes, or 1 for the q-fp8 cases), k and v read (2 H D), the cache rows written (2 H D in the cache's element),
-//! one fp32 row of the table cache (4 D), the position and the slot (8 + 8) a token; key_written (k rotated in
-//! place) adds H D.
+//! bytes, or 1 for the q-fp8 cases), k and v read (2 H D), the cache rows written (2 H D in the cache's element;
+//! NVFP4: 2 H (D / 2 + D / 16), the codes and the block scales), one fp32 row of the table cache (4 D; with
+//! mRoPE the R / 2 pairs' cos and sin come from three rows, as many bytes), the position and the slot (8 + 8;
+//! mRoPE: three positions, 24 + 8) a token; key_written (k rotated in place) adds H D.
 inline double append_bytes(const AppendCase& c, bool key_written) {
   const double hq = static_cast<double>(c.query_heads), h = static_cast<double>(c.heads);
   const double d = static_cast<double>(c.head_dim), ce = static_cast<double>(c.cache_elem_bytes());
   const double qe = static_cast<double>(c.query_out_elem_bytes());
-  const double per_token =
-      (2 + qe) * (hq * d) + 2 * (2 * h * d) + ce * (2 * h * d) + 4 * d + 16 + (key_written ? 2 * h * d : 0);
+  const double cache_rows =
+      c.cache == AppendCache::kNvfp4
+          ? 2 * h * static_cast<double>(c.nvfp4_code_bytes() + c.nvfp4_scale_bytes())
+          : ce * (2 * h * d);
+  const double per_token = (2 + qe) * (hq * d) + 2 * (2 * h * d) + cache_rows + 4 * d + 16 + (c.mrope ? 16 : 0) +
+                           (key_written ? 2 * h * d : 0);
   return per_token * static_cast<double>(c.tokens());
 }
 
@@ -132,9 +184,13 @@ struct SplitMix {
 //! A case's page table and tokens: the pages 0..pages()-1 shuffled (Fisher-Yates, a seed per shape) and
 //! dealt out in order, pages_per_seq() a sequence, so that slots do not grow with the token as a real
 //! allocator's do not; decode writes each sequence at a random length below s_max, prefill at 0..L-1.
+//! The mRoPE cases' positions [3, T] (stream j of token t at j T + t): the temporal stream is the token's
+//! position p (its twin's), the height stream p / 2, the width stream max_position - 1 - p, so that a token's
+//! pairs read three table rows (all in [0, max_position)). No draw of the generator: the page table, positions
+//! and slots are the twin's.
 struct AppendTokens {
   std::vector<int64_t> page_table;  // [seqs, pages_per_seq]
-  std::vector<int64_t> positions;   // [tokens]: the position in its sequence, also the table row
+  std::vector<int64_t> positions;   // [tokens]: the position in its sequence, also the table row (mRoPE: [3, T])
   std::vector<int64_t> slots;       // [tokens]: page_table[b][pos / P] * P + pos % P
 };
 
@@ -154,6 +210,11 @@ inline AppendTokens append_tokens(const AppendCase& c, uint64_t seed) {
       out.positions.push_back(pos);
       out.slots.push_back(out.page_table[static_cast<size_t>(b * pps + pos / P)] * P + pos % P);
     }
+  }
+  if (c.mrope) {  // streams 1 and 2 after stream 0 (the positions above)
+    const size_t T = out.positions.size();
+    for (size_t t = 0; t < T; ++t) out.positions.push_back(out.positions[t] / 2);
+    for (size_t t = 0; t < T; ++t) out.positions.push_back(c.max_position - 1 - out.positions[t]);
   }
   return out;
 }

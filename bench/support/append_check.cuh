@@ -1,6 +1,7 @@
 // The serve suites' check, on the device (a decode case's caches are 16 GiB): element-wise distances, in
 // units in the last place of the element's own format, between kv_cache_rope_append's outputs and the naive
-// reference's, and a scan of the whole caches for rows written that no token names.
+// reference's, and a scan of the whole caches for rows written that no token names; for the cases checked on
+// the host (NVFP4, mRoPE), the scan, the gather of the rows written and the NVFP4 oracle's answers.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <kvrope/append_params.cuh>
+#include <kvrope/detail/common/nvfp4.cuh>
 
 namespace kvrope_bench {
 
@@ -161,6 +163,45 @@ __global__ void compare_cache(kvrope::PagedCache<const C> cache, int64_t P, int6
   }
   written.flush(rows);
   rest.flush(other);
+}
+
+//! The groups checked against the float64 reference (NVFP4 caches, mRoPE; support/append_case.cuh,
+//! check_reference): every byte of a cache's rows (or of its NVFP4 block scales) that no token writes
+//! (writer[slot] < 0) still holds the fill pattern. `cache` is viewed in bytes (strides in bytes), rows of
+//! row_bytes; the index of a bad byte is (slot H + h) row_bytes + b.
+__global__ void compare_untouched_rows(kvrope::PagedCache<const uint8_t> cache, int64_t row_bytes, int64_t P,
+                                       int64_t H, int64_t slots, const int* writer, uint8_t pattern,
+                                       CompareCounts* other) {
+  LocalCounts rest;
+  const int64_t n = slots * H * row_bytes;
+  for (int64_t i = check_begin(); i < n; i += check_stride()) {
+    const int64_t b = i % row_bytes, h = (i / row_bytes) % H, slot = i / (row_bytes * H);
+    if (writer[slot] >= 0) continue;
+    rest.add(cache.row(slot / P, slot % P, h)[b] == pattern ? 0u : 1u, 0, static_cast<unsigned long long>(i));
+  }
+  rest.flush(other);
+}
+
+//! Row t of `rows` [T, H, row_bytes] = the bytes of the cache row of slots[t] (strides in bytes; every slot
+//! in range: the suites' cases).
+__global__ void gather_row_bytes(kvrope::PagedCache<const uint8_t> cache, const int64_t* slots, int64_t P, int64_t H,
+                                 int64_t row_bytes, int64_t n, uint8_t* rows) {
+  for (int64_t i = check_begin(); i < n; i += check_stride()) {
+    const int64_t b = i % row_bytes, h = (i / row_bytes) % H, t = i / (row_bytes * H);
+    const int64_t slot = slots[t];
+    rows[i] = cache.row(slot / P, slot % P, h)[b];
+  }
+}
+
+//! One (amax, global scale) a thread: an NVFP4 block scale's quotient and reciprocal as the GPU computes them
+//! (kvrope::detail::nvfp4_block_scale, the kernels' own instructions), for check_append's oracle
+//! (verify::Nvfp4Oracle): with them it compares each block bit for bit.
+__global__ void nvfp4_block_scale_answers(const float* asked, int64_t n, float* answers) {
+  for (int64_t i = check_begin(); i < n; i += check_stride()) {
+    const kvrope::detail::Nvfp4Scale s = kvrope::detail::nvfp4_block_scale(asked[2 * i], asked[2 * i + 1]);
+    answers[2 * i] = s.quotient;
+    answers[2 * i + 1] = s.inv;
+  }
 }
 
 //! Row t of `rows` [T, H, D] = the cache row of slots[t] (every slot in range: the suites' cases).

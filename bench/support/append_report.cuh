@@ -1,6 +1,8 @@
 // The report of a serve suite (--suite=serve-decode|serve-prefill): a per-case table, the geometric and
 // arithmetic means in the other suites' line format (dev/scripts/ab_suites.sh reads "NAME geomean us = X"),
-// the suite's own lines, and the --kvrope_json file.
+// the suite's own lines, and the --kvrope_json file. The means cover the cases of AppendGroup::kBase only (bf16
+// and fp8 caches, the q-fp8 cases: the set they have always covered); the NVFP4 and mRoPE cases get lines of
+// their own after them ("nvfp4: ...", "bf16+mrope: ...", "mrope/ordinary geomean = X"), and the JSON's "groups".
 #pragma once
 
 #include <cmath>
@@ -36,6 +38,10 @@ struct AppendSummary {
   double pdl_saving_sum = 0, pdl_saving_least = 0;
   int pdl_cases = 0;
 };
+
+inline const char* append_group_name(AppendGroup g) {
+  return g == AppendGroup::kBase ? "base" : g == AppendGroup::kNvfp4 ? "nvfp4" : "bf16+mrope";
+}
 
 inline std::string append_config_name(const AppendCase& c) {
   return "Hq " + std::to_string(c.query_heads) + " " + c.cache_label() + " " + append_layout_name(c.layout);
@@ -91,12 +97,20 @@ inline std::string append_host_json(const Run& run) {
          "},\n";
 }
 
-inline AppendSummary summarize_append(const Run& run) {
+// Whether any case of group g ran.
+inline bool append_group_ran(const Run& run, AppendGroup g) {
+  for (const auto& [id, cr] : run.append_results)
+    if (!cr.variants.empty() && cr.sc.group() == g) return true;
+  return false;
+}
+
+// The summary of the cases of one group that ran (the base group's: the lines the suites have always printed).
+inline AppendSummary summarize_append(const Run& run, AppendGroup group = AppendGroup::kBase) {
   AppendSummary s;
   const double empty = run.calibration.empty_kernel_us;
   for (const auto& [id, cr] : run.append_results) {
     (void)id;
-    if (cr.variants.empty()) continue;
+    if (cr.variants.empty() || cr.sc.group() != group) continue;
     ++s.cases;
     s.floor.add(cr.floor_us);
     s.floor_kip.add(cr.floor_kip_us);
@@ -132,6 +146,106 @@ inline AppendSummary summarize_append(const Run& run) {
   return s;
 }
 
+// The NVFP4 and mRoPE groups' notes under the summary's title, when they ran.
+inline void print_append_group_notes(const Run& run) {
+  if (append_group_ran(run, AppendGroup::kNvfp4))
+    std::printf(
+        "nvfp4 cases (cache nvfp4): NVFP4 caches (e2m1 codes, D / 2 bytes a row, and e4m3 block scales, D / 16 "
+        "bytes, a block of 16 along D; global scales k %g, v %g); floors count D / 2 + D / 16 bytes a cache row; "
+        "no naive variant (it has no NVFP4 cache); checked against the float64 reference; summarized apart, "
+        "after the means of the other cases\n",
+        static_cast<double>(kAppendKeyScale), static_cast<double>(kAppendValueScale));
+  if (append_group_ran(run, AppendGroup::kMrope))
+    std::printf(
+        "mRoPE cases (cache bf16+mrope): the bf16-cache cases with positions [3, T] (temporal p, height p / 2, "
+        "width max_position - 1 - p, p the twin's position), contiguous sections {R/8, 3R/16, 3R/16} ({16, 24, 24} "
+        "at R = 128, Qwen2-VL's); floors count the three positions; no naive variant (it has no mRoPE); checked "
+        "against the float64 reference; summarized apart, after the means of the other cases, beside their "
+        "twins\n");
+}
+
+// Each mRoPE case's time over its twin's (the same case with positions [T]), variant v, where both ran.
+inline Means append_mrope_over_ordinary(const Run& run, AppendVariant v) {
+  Means m;
+  for (const auto& [id, cr] : run.append_results) {
+    (void)id;
+    if (cr.variants.empty() || !cr.sc.mrope) continue;
+    const auto twin = run.append_results.find(cr.sc.twin);
+    if (twin == run.append_results.end()) continue;
+    const VariantResult* a = find_variant(cr, v);
+    const VariantResult* b = find_variant(twin->second, v);
+    if (a && b) m.add(a->median_us / b->median_us);
+  }
+  return m;
+}
+
+// The lines of the NVFP4 and mRoPE groups (after the base group's, which they do not enter), each "NAME: ..."
+// (not the "NAME geomean us = X" of the base lines, which dev/scripts/ab_suites.sh reads), and
+// "mrope/ordinary geomean = X".
+inline void print_append_groups(const Run& run) {
+  const Options& o = run.options;
+  const bool decode = o.suite == Suite::kServeDecode;
+  const double empty = run.calibration.empty_kernel_us;
+  const std::vector<AppendVariant> order = append_variant_order(o);
+  for (const AppendGroup g : {AppendGroup::kNvfp4, AppendGroup::kMrope}) {
+    if (!append_group_ran(run, g)) continue;
+    const AppendSummary s = summarize_append(run, g);
+    const std::string name = append_group_name(g);
+    auto line = [&](const std::string& label, const Means& m, const char* f, int of) {
+      if (m.n == 0) return;
+      std::printf("%s: %s = %s", name.c_str(), label.c_str(), fmt(f, m.geometric()).c_str());
+      if (m.n != of) std::printf("   (over %d of %d cases)", m.n, of);
+      std::printf("\n");
+    };
+    std::printf("\n%s cases: geometric means over the %d case(s) that ran, apart from the means above (CUPTI "
+                "medians, us; no naive variant):\n",
+                name.c_str(), s.cases);
+    for (AppendVariant v : order)
+      if (s.time.count(v)) line(std::string(append_variant_name(v)) + " geomean us", s.time.at(v), "%.2f", s.cases);
+    line("kvrope floor geomean us", s.floor, "%.2f", s.cases);
+    line("kvrope_kip floor geomean us", s.floor_kip, "%.2f", s.cases);
+    for (AppendVariant v : order)
+      if (s.x_floor.count(v)) line(std::string(append_variant_name(v)) + "/floor geomean", s.x_floor.at(v), "%.3f", s.cases);
+    if (decode) {
+      for (AppendVariant v : order)
+        if (s.x_floor_empty.count(v))
+          line(std::string(append_variant_name(v)) + "/(floor+empty) geomean (empty kernel " + fmt("%.2f", empty) +
+                   " us)",
+               s.x_floor_empty.at(v), "%.3f", s.cases);
+    } else {
+      for (AppendVariant v : order)
+        if (s.x_floor_large.count(v))
+          line(std::string(append_variant_name(v)) + "/floor geomean (>= 64 MB, " + std::to_string(s.large_cases) +
+                   " case(s))",
+               s.x_floor_large.at(v), "%.3f", s.large_cases);
+    }
+    if (!s.kvrope_x_floor_by_config.empty()) {
+      std::printf("%s: kvrope/floor geomean by configuration:", name.c_str());
+      for (const auto& [config, m] : s.kvrope_x_floor_by_config) std::printf("  %s %.3f;", config.c_str(), m.geometric());
+      std::printf("\n");
+    }
+    if (s.checked_cases == 0)
+      std::printf("%s check: none (--no_check)\n", name.c_str());
+    else if (s.failures.empty())
+      std::printf("%s check: kvrope matched the float64 reference on all %d checked case(s)\n", name.c_str(),
+                  s.checked_cases);
+    else
+      std::printf("%s check: FAILED on %zu of %d checked case(s); first: %s\n", name.c_str(), s.failures.size(),
+                  s.checked_cases, s.failures.front().c_str());
+    if (g == AppendGroup::kMrope) {
+      const Means k = append_mrope_over_ordinary(run, AppendVariant::kKvrope);
+      const Means kip = append_mrope_over_ordinary(run, AppendVariant::kKvropeKeyInPlace);
+      if (k.n > 0)
+        std::printf("mrope/ordinary geomean = %.3f   (kvrope: each bf16+mrope case's median over its bf16 twin's, %d "
+                    "pair(s); kvrope_kip %s)\n",
+                    k.geometric(), k.n, fmt("%.3f", kip.geometric()).c_str());
+      else
+        std::printf("mrope/ordinary geomean: no pair (run the twins too: each bf16+mrope case's twin is the bf16 case "
+                    "of the same shape, Hq and layout)\n");
+    }
+  }
+}
+
 inline void print_append_summary(const Run& run, const AppendSummary& s) {
   const Options& o = run.options;
   const bool decode = o.suite == Suite::kServeDecode;
@@ -147,6 +261,7 @@ inline void print_append_summary(const Run& run, const AppendSummary& s) {
         "(scale %g), q left as it was; floors count q written in 1 byte; naive: as on the fp8_e4m3 case (q in "
         "place in bf16: it has no fp8 q)\n",
         static_cast<double>(kAppendQueryScale));
+  print_append_group_notes(run);
   std::printf("%4s %8s %3s %8s %3s | %8s %8s %8s | %7s %7s %8s | %7s %7s %7s %6s%s | %8s %8s | %s\n", "case", "shape",
               "Hq", "cache", "lay", "kvrope", "kip", "naive", "floor", "fl_kip", "MB", "k/fl", "kip/flk", "n/flk",
               "n/k", decode ? " k/(fl+em)" : "", "k_ev", "naive_ev", "check");
@@ -167,8 +282,13 @@ inline void print_append_summary(const Run& run, const AppendSummary& s) {
                 fmt("%.2f", k ? k->event_median_us : nan).c_str(), fmt("%.2f", n ? n->event_median_us : nan).c_str(),
                 check);
   }
-  if (s.cases == 0) {
-    std::printf("no case ran\n");
+  if (s.cases == 0) {  // no case of the base group: the other groups' lines, if any ran
+    if (!append_group_ran(run, AppendGroup::kNvfp4) && !append_group_ran(run, AppendGroup::kMrope)) {
+      std::printf("no case ran\n");
+      return;
+    }
+    print_append_groups(run);
+    print_append_host(run);
     return;
   }
   // A mean over fewer cases than ran (a variant skipped or failed somewhere) says so.
@@ -236,6 +356,7 @@ inline void print_append_summary(const Run& run, const AppendSummary& s) {
   print_append_host(run);
   std::printf("\narithmetic means over the %d case(s) that ran (CUPTI medians, us):\n", s.cases);
   means(false);
+  print_append_groups(run);
 }
 
 // The --kvrope_json file of a serve suite: device, config, calibration, cases[] with every per-call time,
@@ -273,7 +394,10 @@ inline void write_append_json(const Run& run, const AppendSummary& s, const std:
          ", \"tokens\": " + std::to_string(c.tokens()) + ", \"s_max\": " + std::to_string(c.s_max) +
          ", \"query_heads\": " + std::to_string(c.query_heads) + ", \"heads\": " + std::to_string(c.heads) +
          ", \"head_dim\": " + std::to_string(c.head_dim) + ", \"cache\": " + json_string(append_cache_name(c.cache)) +
-         ", \"query_fp8\": " + json_bool(c.query_fp8) + ", \"layout\": " + json_string(append_layout_name(c.layout)) +
+         ", \"query_fp8\": " + json_bool(c.query_fp8) + ", \"mrope\": " + json_bool(c.mrope) +
+         (c.mrope ? ", \"twin\": " + std::to_string(c.twin) : std::string()) +
+         ", \"group\": " + json_string(append_group_name(c.group())) +
+         ", \"layout\": " + json_string(append_layout_name(c.layout)) +
          ", \"pages\": " + std::to_string(c.pages()) + ", \"bytes\": " + json_number(cr.bytes) +
          ", \"bytes_key_written\": " + json_number(cr.bytes_kip) + ", \"floor_us\": " + json_number(cr.floor_us) +
          ", \"floor_key_written_us\": " + json_number(cr.floor_kip_us) + ", \"check\": " +
@@ -296,30 +420,46 @@ inline void write_append_json(const Run& run, const AppendSummary& s, const std:
   }
   j += "\n  ],\n";
   j += append_host_json(run);
-  auto means = [&](bool geo) {
+  auto means_of = [&](const AppendSummary& sm, bool geo) {
     auto num = [&](const Means& m) { return json_number(geo ? m.geometric() : m.arithmetic()); };
-    std::string m = "{\"cases\": " + std::to_string(s.cases);
+    std::string m = "{\"cases\": " + std::to_string(sm.cases);
     for (AppendVariant v : order) {
       const std::string name = append_variant_name(v);
-      if (s.time.count(v)) m += ", \"" + name + "_us\": " + num(s.time.at(v));
-      if (s.event.count(v)) m += ", \"" + name + "_event_us\": " + num(s.event.at(v));
+      if (sm.time.count(v)) m += ", \"" + name + "_us\": " + num(sm.time.at(v));
+      if (sm.event.count(v)) m += ", \"" + name + "_event_us\": " + num(sm.event.at(v));
     }
-    m += ", \"floor_us\": " + num(s.floor) + ", \"floor_key_written_us\": " + num(s.floor_kip);
+    m += ", \"floor_us\": " + num(sm.floor) + ", \"floor_key_written_us\": " + num(sm.floor_kip);
     if (geo) {
       for (AppendVariant v : order) {
         const std::string name = append_variant_name(v);
-        if (s.x_floor.count(v)) m += ", \"" + name + "_over_floor\": " + num(s.x_floor.at(v));
-        if (decode && s.x_floor_empty.count(v))
-          m += ", \"" + name + "_over_floor_plus_empty\": " + num(s.x_floor_empty.at(v));
-        if (!decode && s.x_floor_large.count(v))
-          m += ", \"" + name + "_over_floor_64MB_or_more\": " + num(s.x_floor_large.at(v));
+        if (sm.x_floor.count(v)) m += ", \"" + name + "_over_floor\": " + num(sm.x_floor.at(v));
+        if (decode && sm.x_floor_empty.count(v))
+          m += ", \"" + name + "_over_floor_plus_empty\": " + num(sm.x_floor_empty.at(v));
+        if (!decode && sm.x_floor_large.count(v))
+          m += ", \"" + name + "_over_floor_64MB_or_more\": " + num(sm.x_floor_large.at(v));
       }
-      m += ", \"naive_over_kvrope\": " + num(s.naive_x_kvrope) + ", \"naive_over_kvrope_kip\": " + num(s.naive_x_kip);
+      m += ", \"naive_over_kvrope\": " + num(sm.naive_x_kvrope) + ", \"naive_over_kvrope_kip\": " + num(sm.naive_x_kip);
     }
     return m + "}";
   };
+  auto means = [&](bool geo) { return means_of(s, geo); };
   j += "  \"geomean\": " + means(true) + ",\n";
   j += "  \"arithmetic_mean\": " + means(false) + ",\n";
+  // The NVFP4 and mRoPE groups, apart from the means above (which cover the base group only).
+  std::string groups;
+  for (const AppendGroup g : {AppendGroup::kNvfp4, AppendGroup::kMrope}) {
+    if (!append_group_ran(run, g)) continue;
+    const AppendSummary gs = summarize_append(run, g);
+    groups += std::string(groups.empty() ? "" : ", ") + json_string(append_group_name(g)) + ": {\"geomean\": " +
+              means_of(gs, true) + ", \"checked_cases\": " + std::to_string(gs.checked_cases) +
+              ", \"check_failures\": " + std::to_string(gs.failures.size()) + "}";
+  }
+  if (append_group_ran(run, AppendGroup::kMrope))
+    groups += std::string(groups.empty() ? "" : ", ") + "\"mrope_over_ordinary\": {\"kvrope\": " +
+              json_number(append_mrope_over_ordinary(run, AppendVariant::kKvrope).geometric()) +
+              ", \"kvrope_kip\": " +
+              json_number(append_mrope_over_ordinary(run, AppendVariant::kKvropeKeyInPlace).geometric()) + "}";
+  if (!groups.empty()) j += "  \"groups\": {" + groups + "},\n";
   j += "  \"check_failures\": " + std::to_string(s.failures.size()) + "\n}\n";
   write_text_file(path, j);
 }

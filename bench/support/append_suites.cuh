@@ -55,7 +55,8 @@ void run_append_variant(benchmark::State& state, Run& run, GpuClock& clock, std:
   const bool key_in_place = variant != AppendVariant::kKvrope && !pair;  // the naive rotates k in place
   // The q-fp8 cases: kvrope's variants write q in fp8 (query_out_fp8). The naive two launches cannot
   // (naive_append.cuh has no fp8 q): on these cases they run as on the fp8-cache case they copy, q rotated in
-  // place in T, so their time is that work's (Hq D bytes a token more than the floor counts).
+  // place in T, so their time is that work's (Hq D bytes a token more than the floor counts). The NVFP4 and
+  // mRoPE cases have no naive variant (register_append_benchmarks leaves it out: it has neither).
   const bool q_fp8 = sc.query_fp8 && !naive;
   auto params = data.params(key_in_place, q_fp8);
   params.enable_pdl = variant == AppendVariant::kPairPdl;
@@ -67,8 +68,11 @@ void run_append_variant(benchmark::State& state, Run& run, GpuClock& clock, std:
     if (pair)
       produce_qkv<<<producer_blocks, 256, 0, st>>>(data.pristine.template as<uint4>(), data.qkv.template as<uint4>(),
                                                    qkv_vectors);
-    status = naive ? kvrope::reference::naive_append(params, st)
-                   : kvrope::testing::AppendLaunchers<T, C, int64_t>::append(params, st);
+    if constexpr (kvrope::kIsNvfp4<C>)  // never naive (no NVFP4 in naive_append.cuh)
+      status = kvrope::testing::AppendLaunchers<T, C, int64_t>::append(params, st);
+    else
+      status = naive ? kvrope::reference::naive_append(params, st)
+                     : kvrope::testing::AppendLaunchers<T, C, int64_t>::append(params, st);
   };
   // Nothing to restore: q (and k) are rotated again each call, the same cache rows written.
   auto prepare = [](cudaStream_t) {};
@@ -145,18 +149,26 @@ inline std::vector<AppendCase> select_append_cases(const Options& opt) {
   return cases;
 }
 
+// Whether a variant runs on a case: the naive two launches have no NVFP4 cache and no mRoPE positions
+// (naive_append.cuh), so not on those groups' cases (the header and the summary say so).
+inline bool append_variant_applies(const AppendCase& sc, AppendVariant v) {
+  return v != AppendVariant::kNaive || sc.group() == AppendGroup::kBase;
+}
+
 // One benchmark per (case, variant), named suite/variant/case:NN.
 template <typename T>
 void register_append_benchmarks(Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>& slot) {
   for (const AppendCase& sc : run.append_cases) {
     for (AppendVariant v : append_variant_order(run.options)) {
-      if (!append_selected(run.options, v)) continue;
+      if (!append_selected(run.options, v) || !append_variant_applies(sc, v)) continue;
       register_variant(suite_name(run.options.suite), append_variant_name(v), sc.id, run.options.iters,
                        [&run, &clock, &slot, sc, v](benchmark::State& st) {
                          if (sc.cache == AppendCache::kBf16)
                            run_append_variant<T, T>(st, run, clock, slot, sc, v);
-                         else
+                         else if (sc.cache == AppendCache::kFp8E4m3)
                            run_append_variant<T, __nv_fp8_e4m3>(st, run, clock, slot, sc, v);
+                         else
+                           run_append_variant<T, kvrope::nvfp4_e2m1x2>(st, run, clock, slot, sc, v);
                        });
     }
   }

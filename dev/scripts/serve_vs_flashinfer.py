@@ -7,14 +7,20 @@ each case with FlashInfer's fused bf16 (FI fused), fused fp8 (FI fp8) and rope +
 (k read only) and its ratios to FlashInfer's fastest single launch (FI1) and to its two launches (FI2), then the
 geomeans and the worst ratios.
 
+The NVFP4 cases (cache nvfp4) are set against FlashInfer's rope + NVFP4 append pair (FI r+fp4, their FI2);
+the mRoPE cases (cache bf16+mrope) against nothing (FlashInfer has no mRoPE kernel). The geomean lines of old
+cover the cases of old (neither NVFP4 nor mRoPE), so that they compare with earlier runs; each new group's
+lines follow, headed "SUITE nvfp4:" or "SUITE mrope:".
+
 Then, per suite, kvrope against FlashInfer doing the same work (the "same work" lines): its fused bf16 kernel
 on the bf16 cases it applies to (Hq 64 NHD), its fused fp8 kernel on the q-fp8 cases (cache fp8_e4m3+q8: q
-written in fp8 by both), its rope + append pair on the other bf16 cases; the fp8-cache cases with q in bf16 have
-no FlashInfer counterpart (its fp8 kernel writes q in fp8) and are left out. Geomean and max of kvrope / that
-time, and the kind by kind geomeans; kvrope's time / (floor + one empty kernel) for decode (the bench log's
-k/(fl+em) column) and time / floor for prefill cases of 64 MB or more (k/fl), geomean and max; and for decode
-T <= 32, kvrope's q-fp8 case minus its bf16 twin (same T, Hq, layout), in us, beside FlashInfer's same-work
-difference. A bench case missing from the FlashInfer log (an older log) is listed and left out.
+written in fp8 by both), its rope + append pair on the other bf16 cases, its rope + NVFP4 append pair on the
+NVFP4 cases; the fp8-cache cases with q in bf16 have no FlashInfer counterpart (its fp8 kernel writes q in
+fp8), nor the mRoPE cases, and are left out. Geomean and max of kvrope / that time, and the kind by kind
+geomeans; kvrope's time / (floor + one empty kernel) for decode (the bench log's k/(fl+em) column) and time /
+floor for prefill cases of 64 MB or more (k/fl), geomean and max; and for decode T <= 32, kvrope's q-fp8 case
+minus its bf16 twin (same T, Hq, layout), in us, beside FlashInfer's same-work difference. Each group apart, as
+above. A bench case missing from the FlashInfer log (an older log) is listed and left out.
 
     python3 dev/scripts/serve_vs_flashinfer.py FLASHINFER_COMPARE.log SERVE_DECODE.log SERVE_PREFILL.log [--plot PNG]
 
@@ -41,8 +47,9 @@ def num(s):
 
 
 def main(fi_log, *bench_logs):
+    # FI r+fp4 (the NVFP4 pair) is the fourth FlashInfer column of logs since the NVFP4 cases; older logs have three.
     fi = table(fi_log, r"(?P<suite>serve-(?:decode|prefill)) +(?P<case>\d+) +(?P<shape>\S+) +(?P<hq>\d+) +(?P<cache>\S+)"
-               r" +(?P<lay>\S+) +(?P<mb>[\d.]+) \| +(?P<fused>\S+) +(?P<fp8>\S+) +(?P<two>\S+) \|")
+               r" +(?P<lay>\S+) +(?P<mb>[\d.]+) \| +(?P<fused>\S+) +(?P<fp8>\S+) +(?P<two>\S+)(?: +(?P<fp4>\S+))? \|")
     out = []
     extra = {}  # (suite, case): the bench row's MB, k/fl and (decode) k/(fl+em) columns
     missing = []
@@ -68,28 +75,34 @@ def main(fi_log, *bench_logs):
             extra[(suite, case)] = (float(m.group("mb")), float(m.group("kfl")),
                                     float(m.group("kfle")) if m.group("kfle") else None)
     print(f"{'suite':13} {'case':>4} {'shape':>7} {'Hq':>3} {'cache':>8} {'lay':>3} | {'FI fused':>8} {'FI fp8':>8}"
-          f" {'FI r+a':>8} | {'kvrope':>8} | {'k/FI1':>6} {'k/FI2':>6}")
+          f" {'FI r+a':>8} {'FI r+fp4':>8} | {'kvrope':>8} | {'k/FI1':>6} {'k/FI2':>6}")
     ratios = {}
     for suite, case, f, kv, _ in out:
-        fused, fp8, two = num(f.group("fused")), num(f.group("fp8")), num(f.group("two"))
+        fused, fp8, two, fp4 = num(f.group("fused")), num(f.group("fp8")), num(f.group("two")), fp4_of(f)
         single = min(x for x in (fused, fp8) if x is not None) if (fused or fp8) else None
+        pair = fp4 if f.group("cache") == "nvfp4" else two  # FI2: the pair of the case's cache
         r1 = kv / single if single else None
-        r2 = kv / two if two else None
-        ratios.setdefault(suite, []).append((case, r1, r2, kv))
+        r2 = kv / pair if pair else None
+        ratios.setdefault((suite, group(f)), []).append((case, r1, r2, kv))
         cell = lambda x: f"{x:8.2f}" if x is not None else f"{'-':>8}"
         rc = lambda x: f"{x:6.3f}" if x is not None else f"{'-':>6}"
         print(f"{suite:13} {case:4d} {f.group('shape'):>7} {f.group('hq'):>3} {f.group('cache'):>8} {f.group('lay'):>3} |"
-              f" {cell(fused)} {cell(fp8)} {cell(two)} | {kv:8.2f} | {rc(r1)} {rc(r2)}")
+              f" {cell(fused)} {cell(fp8)} {cell(two)} {cell(fp4)} | {kv:8.2f} | {rc(r1)} {rc(r2)}")
     print()
-    for suite, rs in ratios.items():
-        g = lambda v: math.exp(sum(math.log(x) for x in v) / len(v))
+    g = lambda v: math.exp(sum(math.log(x) for x in v) / len(v))
+    for (suite, grp), rs in ratios.items():
+        # The lines of old over the cases of old; the NVFP4 and mRoPE groups' with their name.
+        name = suite if grp == "base" else f"{suite} {grp}:"
         r1 = [r for _, r, _, _ in rs if r is not None]
         r2 = [r for _, _, r, _ in rs if r is not None]
-        print(f"{suite} kvrope / FlashInfer single launch geomean = {g(r1):.3f} (over {len(r1)} cases), "
-              f"range {min(r1):.3f}-{max(r1):.3f}")
-        print(f"{suite} kvrope / FlashInfer rope+append geomean = {g(r2):.3f} (over {len(r2)} cases), "
-              f"range {min(r2):.3f}-{max(r2):.3f}")
-        print(f"{suite} kvrope geomean us = {g([kv for *_, kv in rs]):.2f} (over {len(rs)} cases)")
+        pair = "rope+nvfp4 append" if grp == "nvfp4" else "rope+append"
+        if r1:
+            print(f"{name} kvrope / FlashInfer single launch geomean = {g(r1):.3f} (over {len(r1)} cases), "
+                  f"range {min(r1):.3f}-{max(r1):.3f}")
+        if r2:
+            print(f"{name} kvrope / FlashInfer {pair} geomean = {g(r2):.3f} (over {len(r2)} cases), "
+                  f"range {min(r2):.3f}-{max(r2):.3f}")
+        print(f"{name} kvrope geomean us = {g([kv for *_, kv in rs]):.2f} (over {len(rs)} cases)")
     if missing:
         print("left out (no matching FlashInfer row): " +
               "; ".join(f"{suite} {', '.join(id_ranges([c for s, c, _ in missing if s == suite]))}"
@@ -97,6 +110,17 @@ def main(fi_log, *bench_logs):
               "".join(f"; {suite} {case}{why}" for suite, case, why in missing if why))
     same_work_summary(out, extra)
     return out
+
+
+def fp4_of(f):
+    """The FI r+fp4 column of a FlashInfer row (None in older logs, which lack it, or where "-")."""
+    return num(f.group("fp4")) if f.group("fp4") is not None else None
+
+
+def group(f):
+    """A row's group by its cache label: "nvfp4", "mrope" (bf16+mrope), or "base" (the cases of old)."""
+    cache = f.group("cache")
+    return "nvfp4" if cache == "nvfp4" else "mrope" if cache.endswith("+mrope") else "base"
 
 
 def id_ranges(ids):
@@ -113,60 +137,73 @@ def id_ranges(ids):
 def same_work(f):
     """FlashInfer's launch doing a case's work, as (time, kind), or (None, why): its fused bf16 kernel where
     timed (bf16, Hq 64 NHD), its fused fp8 kernel on the q-fp8 cases, its rope + append pair on the other bf16
-    cases; none for the fp8-cache cases with q in bf16."""
+    cases, its rope + NVFP4 append pair on the NVFP4 cases; none for the fp8-cache cases with q in bf16, nor for
+    the mRoPE cases."""
     cache = f.group("cache")
     fused, fp8, two = num(f.group("fused")), num(f.group("fp8")), num(f.group("two"))
     if cache.endswith("+q8"):
         return fp8, "fp8 kernel"
+    if cache.endswith("+mrope"):
+        return None, "none (FlashInfer has no mRoPE)"
+    if cache == "nvfp4":
+        return fp4_of(f), "rope+nvfp4 append"
     if cache == "bf16":
         return (fused, "fused bf16") if fused is not None else (two, "rope+append")
     return None, "none (q in bf16, fp8 cache)"
 
 
 def same_work_summary(out, extra):
-    """The "same work" lines (the module docstring), per suite."""
-    g = lambda v: math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
+    """The "same work" lines (the module docstring), per suite: the cases of old first (the lines of old), then
+    the NVFP4 and mRoPE groups' under their name."""
     print()
     for suite in sorted({o[0] for o in out}):
-        rows = [o for o in out if o[0] == suite]
-        ratios, kinds = [], {}
-        for _, case, f, kv, _ in rows:
-            t, kind = same_work(f)
-            if t:
-                ratios.append((kv / t, case))
-                kinds.setdefault(kind, []).append(kv / t)
-        if ratios:
-            worst = max(ratios)
-            print(f"{suite} kvrope / FlashInfer same work geomean = {g([r for r, _ in ratios]):.3f} "
-                  f"(over {len(ratios)} of {len(rows)} cases), max = {worst[0]:.3f} (case {worst[1]})")
-            print(f"{suite} kvrope / FlashInfer same work by kind: " +
-                  "; ".join(f"{k} {g(v):.3f} geomean, {max(v):.3f} max ({len(v)} cases)" for k, v in kinds.items()))
-        if suite == "serve-decode":
-            xe = [(extra[(suite, case)][2], case) for _, case, *_ in rows if extra[(suite, case)][2] is not None]
-            if xe:
-                worst = max(xe)
-                print(f"{suite} kvrope / (floor + empty kernel) geomean = {g([x for x, _ in xe]):.3f} (over {len(xe)} "
-                      f"cases), max = {worst[0]:.3f} (case {worst[1]})")
-        else:
-            xl = [(extra[(suite, case)][1], case) for _, case, *_ in rows if extra[(suite, case)][0] >= 64.0]
-            if xl:
-                worst = max(xl)
-                print(f"{suite} kvrope / floor geomean (>= 64 MB) = {g([x for x, _ in xl]):.3f} "
-                      f"(over {len(xl)} cases), max = {worst[0]:.3f} (case {worst[1]})")
-        if suite != "serve-decode":
+        for grp in ("base", "nvfp4", "mrope"):
+            rows = [o for o in out if o[0] == suite and group(o[2]) == grp]
+            if rows:
+                same_work_lines(suite if grp == "base" else f"{suite} {grp}:", suite, rows, extra, grp == "base")
+
+
+def same_work_lines(name, suite, rows, extra, twins):
+    """One group's "same work" lines, each headed `name`; with `twins`, decode's q-fp8 minus bf16 lines."""
+    g = lambda v: math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
+    ratios, kinds = [], {}
+    for _, case, f, kv, _ in rows:
+        t, kind = same_work(f)
+        if t:
+            ratios.append((kv / t, case))
+            kinds.setdefault(kind, []).append(kv / t)
+    if ratios:
+        worst = max(ratios)
+        print(f"{name} kvrope / FlashInfer same work geomean = {g([r for r, _ in ratios]):.3f} "
+              f"(over {len(ratios)} of {len(rows)} cases), max = {worst[0]:.3f} (case {worst[1]})")
+        print(f"{name} kvrope / FlashInfer same work by kind: " +
+              "; ".join(f"{k} {g(v):.3f} geomean, {max(v):.3f} max ({len(v)} cases)" for k, v in kinds.items()))
+    if suite == "serve-decode":
+        xe = [(extra[(suite, case)][2], case) for _, case, *_ in rows if extra[(suite, case)][2] is not None]
+        if xe:
+            worst = max(xe)
+            print(f"{name} kvrope / (floor + empty kernel) geomean = {g([x for x, _ in xe]):.3f} (over {len(xe)} "
+                  f"cases), max = {worst[0]:.3f} (case {worst[1]})")
+    else:
+        xl = [(extra[(suite, case)][1], case) for _, case, *_ in rows if extra[(suite, case)][0] >= 64.0]
+        if xl:
+            worst = max(xl)
+            print(f"{name} kvrope / floor geomean (>= 64 MB) = {g([x for x, _ in xl]):.3f} "
+                  f"(over {len(xl)} cases), max = {worst[0]:.3f} (case {worst[1]})")
+    if suite != "serve-decode" or not twins:
+        return
+    # T <= 32: the q-fp8 case against its bf16 twin (same T, Hq, layout).
+    bf16 = {(f.group("shape"), f.group("hq"), f.group("lay")): (case, f, kv) for _, case, f, kv, _ in rows
+            if f.group("cache") == "bf16"}
+    for _, case, f, kv, _ in rows:
+        key = (f.group("shape"), f.group("hq"), f.group("lay"))
+        if not f.group("cache").endswith("+q8") or int(f.group("shape").split("=")[1]) > 32 or key not in bf16:
             continue
-        # T <= 32: the q-fp8 case against its bf16 twin (same T, Hq, layout).
-        bf16 = {(f.group("shape"), f.group("hq"), f.group("lay")): (case, f, kv) for _, case, f, kv, _ in rows
-                if f.group("cache") == "bf16"}
-        for _, case, f, kv, _ in rows:
-            key = (f.group("shape"), f.group("hq"), f.group("lay"))
-            if not f.group("cache").endswith("+q8") or int(f.group("shape").split("=")[1]) > 32 or key not in bf16:
-                continue
-            twin, fb, kvb = bf16[key]
-            fi_q8, fi_b = same_work(f)[0], same_work(fb)[0]
-            fi_diff = f"{fi_q8 - fi_b:+.2f} us ({fi_q8:.2f} - {fi_b:.2f})" if fi_q8 and fi_b else "-"
-            print(f"{suite} {key[0]} Hq {key[1]} {key[2]}: q-fp8 minus bf16 (case {case} - case {twin}): kvrope "
-                  f"{kv - kvb:+.2f} us ({kv:.2f} - {kvb:.2f}); FlashInfer same work {fi_diff}")
+        twin, fb, kvb = bf16[key]
+        fi_q8, fi_b = same_work(f)[0], same_work(fb)[0]
+        fi_diff = f"{fi_q8 - fi_b:+.2f} us ({fi_q8:.2f} - {fi_b:.2f})" if fi_q8 and fi_b else "-"
+        print(f"{suite} {key[0]} Hq {key[1]} {key[2]}: q-fp8 minus bf16 (case {case} - case {twin}): kvrope "
+              f"{kv - kvb:+.2f} us ({kv:.2f} - {kvb:.2f}); FlashInfer same work {fi_diff}")
 
 
 def plot(out, path):
@@ -183,11 +220,12 @@ def plot(out, path):
         fused = [num(r[2].group("fused")) for r in rows]
         fp8 = [num(r[2].group("fp8")) for r in rows]
         single = [min(v for v in (a, b) if v is not None) if (a or b) else 0 for a, b in zip(fused, fp8)]
-        two = [num(r[2].group("two")) or 0 for r in rows]
+        two = [(fp4_of(r[2]) if r[2].group("cache") == "nvfp4" else num(r[2].group("two"))) or 0 for r in rows]
         w = 0.27
         ax.bar([i - w for i in x], [r[3] for r in rows], w, label="kvrope (one launch)", color="#4c72b0", zorder=2)
         ax.bar(list(x), single, w, label="FlashInfer fused (bf16 Hq 64 NHD) or fused fp8", color="#dd8452", zorder=2)
-        ax.bar([i + w for i in x], two, w, label="FlashInfer rope + append (two launches)", color="#55a868", zorder=2)
+        ax.bar([i + w for i in x], two, w, label="FlashInfer rope + append (NVFP4: rope + nvfp4 append)",
+               color="#55a868", zorder=2)
         ax.hlines([r[4] for r in rows], [i - 1.5 * w for i in x], [i + 1.5 * w for i in x], colors="black",
                   label="floor", zorder=3)
         ax.set_yscale("log")
