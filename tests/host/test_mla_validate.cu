@@ -149,6 +149,8 @@ TEST_CASE("mla validate: sizes, each named", "[host][mla]") {
   p = fake_mla();
   p.nope_dim = (int64_t{1} << 30) + 2;
   expect_fail(p, StatusCode::kTooLarge, "nope_dim");
+  p = fake_mla(1, (int64_t{1} << 30) + 1);
+  expect_fail(p, StatusCode::kTooLarge, "query_heads");
   p = fake_mla();
   p.page_size = int64_t{1} << 33;
   expect_fail(p, StatusCode::kTooLarge, "page_size");

@@ -11,7 +11,7 @@
 
 namespace kvrope::detail {
 
-//! Most elements of N, R or L (a row's units and chunks are numbered in 32 bits).
+//! Most query heads, and most elements of N, R or L (rows, units and chunks are numbered in 32 bits).
 inline constexpr int64_t kMlaMaxDim = int64_t{1} << 30;
 
 // [T] rows of `row` elements, token t at data + t stride (kv_c, k_pe).
@@ -55,6 +55,7 @@ Status check_mla_sizes(const MlaAppendParams<T, C, Pos>& p) {
   if (p.max_position < 0) return fail(StatusCode::kInvalidSize, "max_position");
   if (p.page_size <= 0) return fail(StatusCode::kInvalidSize, "page_size");
   if (p.num_pages < 0) return fail(StatusCode::kInvalidSize, "num_pages");
+  if (p.query_heads > kMlaMaxDim) return fail(StatusCode::kTooLarge, "query_heads");
   if (p.nope_dim > kMlaMaxDim) return fail(StatusCode::kTooLarge, "nope_dim");
   if (p.rotary_dim > kMlaMaxDim) return fail(StatusCode::kTooLarge, "rotary_dim");
   if (p.latent_dim > kMlaMaxDim) return fail(StatusCode::kTooLarge, "latent_dim");
