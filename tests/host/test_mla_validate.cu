@@ -107,6 +107,15 @@ TEST_CASE("mla validate: DeepSeek-V3's calls, both layouts, q in place and out, 
   empty.slot_mapping = nullptr;
   empty.cos_sin_cache_f32 = nullptr;
   CHECK(validate_mla_append(empty).ok());
+  // One cache with a gap between the parts, or the rope part first: rows of the same strides, one output.
+  for (const int64_t rope_at : {520, -64}) {
+    auto gap = fake_mla();
+    T* rows = reinterpret_cast<T*>(0x50000000) + 64;  // [rope | latent] rows start at the rope part
+    gap.latent_cache = mla_cache_rows(rope_at > 0 ? rows - 64 : rows, 16, 592);
+    gap.rope_cache = {gap.latent_cache.data + rope_at, gap.latent_cache.page_stride, 592};
+    INFO("rope at " << rope_at);
+    CHECK(validate_mla_append(gap).ok());
+  }
   // In place, q_nope is not read: it may be null.
   auto in_place = fake_mla();
   in_place.query_nope = {};
@@ -249,6 +258,10 @@ TEST_CASE("mla validate: strides, overlapping rows and aliasing, each named", "[
   p = fake_mla();
   p.latent_cache.page_stride = p.rope_cache.page_stride = -1;
   expect_fail(p, StatusCode::kInvalidStride, "latent_cache.page_stride");
+  // Parts that overlap in rows of the same strides.
+  p = fake_mla();
+  p.rope_cache.data -= 2;
+  expect_fail(p, StatusCode::kAliasedBuffers, "rope_cache", "latent_cache");
   // Split caches whose ranges meet: two outputs that overlap.
   p = fake_mla();
   p.latent_cache = mla_cache_rows(reinterpret_cast<T*>(0x50000000), 16, 512);

@@ -35,12 +35,33 @@ Layout mla_cache_layout(const char* name, const char* const (&strides)[2], const
                 {strides[0], strides[1], nullptr}};
 }
 
-//! Whether the two caches are vLLM's one cache: rope rows at +L in the latent rows, with the same strides.
+//! The two caches as the checks see them. Rows that share a slot's memory (vLLM's one cache: the rope part at +L
+//! of the latent part, or any placement of the two parts side by side in rows of the same strides) are one output
+//! of rows spanning both, named latent_cache (rope_cache then has no rows); any other pair is two outputs.
 template <typename C>
-bool mla_concat_layout(const MlaCacheRows<C>& latent, const MlaCacheRows<C>& rope, int64_t latent_dim) {
-  const auto lat = reinterpret_cast<uintptr_t>(latent.data), rot = reinterpret_cast<uintptr_t>(rope.data);
-  return latent.data != nullptr && rot == lat + static_cast<uintptr_t>(latent_dim) * sizeof(C) &&
-         latent.page_stride == rope.page_stride && latent.offset_stride == rope.offset_stride;
+std::array<Layout, 2> mla_cache_layouts(const MlaCacheRows<C>& latent, const MlaCacheRows<C>& rope, int64_t pages,
+                                        int64_t page_size, int64_t latent_dim, int64_t rotary_dim) {
+  std::array<Layout, 2> l{mla_cache_layout("latent_cache", {"latent_cache.page_stride", "latent_cache.offset_stride"},
+                                           latent, pages, page_size, latent_dim),
+                          mla_cache_layout("rope_cache", {"rope_cache.page_stride", "rope_cache.offset_stride"}, rope,
+                                           pages, page_size, rotary_dim)};
+  const bool meet = l[0].elements() > 0 && l[1].elements() > 0 && l[0].lo() < l[1].hi() && l[1].lo() < l[0].hi();
+  if (!meet || latent.data == nullptr || rope.data == nullptr || latent.page_stride != rope.page_stride ||
+      latent.offset_stride != rope.offset_stride)
+    return l;
+  const auto bytes = static_cast<int64_t>(l[1].lo() - l[0].lo());  // (wraps to the signed distance)
+  if (bytes % int64_t{sizeof(C)} != 0) return l;
+  const int64_t delta = bytes / int64_t{sizeof(C)};  // rope's elements from latent's
+  if (delta >= latent_dim) {
+    l[0].row = delta + rotary_dim;  // [latent | ... | rope]
+  } else if (-delta >= rotary_dim) {
+    l[0].data = rope.data;  // [rope | ... | latent]
+    l[0].row = latent_dim - delta;
+  } else {
+    return l;  // the parts overlap: two outputs, which the checks report
+  }
+  l[1].extent[0] = 0;
+  return l;
 }
 
 template <typename T, typename C, typename Pos>
@@ -83,8 +104,7 @@ Status check_mla_sizes(const MlaAppendParams<T, C, Pos>& p) {
 
 // Checks an MLA append call without touching the device: sizes, one table source, the scales' use, required
 // pointers, strides, q's output rows disjoint, outputs clear of every input and of each other (q_pe in place is an
-// output only; vLLM's one cache, rope rows at +L of the latent rows with the same strides, is one output of rows
-// L + R, any other pair of caches two outputs).
+// output only; caches whose parts share rows, as vLLM's one cache, one output: mla_cache_layouts).
 template <typename T, typename C, typename Pos>
 Status validate_mla(const MlaAppendParams<T, C, Pos>& p) {
   static_assert(kIsSupportedType<T>, "kvrope: T must be __nv_bfloat16, __half or float");
@@ -99,7 +119,7 @@ Status validate_mla(const MlaAppendParams<T, C, Pos>& p) {
   const bool q_in_place = p.query_out.data == nullptr && !q_fp8;
   const int64_t q_tokens = p.query_heads > 0 ? tokens : 0;
   const bool nope_read = p.write_query_nope && !q_in_place && N > 0;
-  const bool concat = mla_concat_layout(p.latent_cache, p.rope_cache, L);
+  const std::array<Layout, 2> caches = mla_cache_layouts(p.latent_cache, p.rope_cache, p.num_pages, p.page_size, L, R);
   const std::array<Layout, 9> in{
       token_heads_layout("query_pe", {"query_pe.token_stride", "query_pe.head_stride"}, TokenHeads<const T>(p.query_pe),
                          q_in_place ? 0 : q_tokens, p.query_heads, R),
@@ -121,10 +141,7 @@ Status validate_mla(const MlaAppendParams<T, C, Pos>& p) {
                                       p.query_out_fp8, q_tokens, p.query_heads, N + R)
                  : token_heads_layout("query_out", {"query_out.token_stride", "query_out.head_stride"}, p.query_out,
                                       q_tokens, p.query_heads, N + R),
-      mla_cache_layout("latent_cache", {"latent_cache.page_stride", "latent_cache.offset_stride"}, p.latent_cache,
-                       p.num_pages, p.page_size, concat ? L + R : L),
-      mla_cache_layout("rope_cache", {"rope_cache.page_stride", "rope_cache.offset_stride"}, p.rope_cache,
-                       concat ? 0 : p.num_pages, p.page_size, R),
+      caches[0], caches[1],
       // (the flag too: no output may overlap it)
       flat_layout("error_flag", p.error_flag, 4, p.error_flag ? 1 : 0)};
   return check_tensors(in, out);
