@@ -48,7 +48,9 @@ __device__ __forceinline__ void mla_rotate_unit(const MlaArgs<T, C>& a, const un
 
 //! The latent row of `token` (a whole warp): the error flag's bits, then, when the token's position is valid and
 //! its slot in range and not named by a later valid token, kv_c copied (quantized) to its latent row and
-//! RoPE(k_pe) to its rope row.
+//! RoPE(k_pe) to its rope row. A lane's first kv_c chunks (all of them with L compiled in) and its first k_pe
+//! unit, rotated, are loaded before the scan of later slots, which then hides their latency; only the stores wait
+//! for it.
 template <typename T, typename C, int N, int kL, int kR>
 __device__ __forceinline__ void mla_latent_row(const MlaArgs<T, C>& a, const MlaGeometry& g, int64_t token,
                                                int64_t position, int64_t slot) {
@@ -60,32 +62,47 @@ __device__ __forceinline__ void mla_latent_row(const MlaArgs<T, C>& a, const Mla
       atomicOr(a.error_flag, kErrorSlotOutOfRange);
   }
   if (position < 0 || slot < 0 || slot >= a.num_slots) return;  // (the whole warp)
-  const auto valid = [&](int64_t u) {
-    return mla_position(a, load_raw_index(a.positions, a.positions_are_int64, u)) >= 0;
-  };
-  if (later_names_slot(a.slots, a.tokens, token, slot, valid)) return;
   const int R = kR ? kR : static_cast<int>(a.rotary_dim);
   const int rot_units = kR ? kR / (2 * N) : g.rot_units;
   const int latent_chunks = kL ? kL / N : g.latent_chunks;
-  uint64_t offset = 0;
-  const auto page = static_cast<int64_t>(a.div_page.divmod(static_cast<uint64_t>(slot), offset));
-  C* const latent = a.latent.row(page, static_cast<int64_t>(offset));
-  C* const rope = a.rope.row(page, static_cast<int64_t>(offset));
+  constexpr int kEarly = kL ? (kL / N + 31) / 32 : 1;  // kv_c chunks a lane loads before the scan
+  const T* kv_c = a.kv_c + token * a.kv_c_stride;
+  Vec<T, N> early[kEarly];
+#pragma unroll
+  for (int i = 0; i < kEarly; ++i)
+    if (lane + 32 * i < latent_chunks) early[i] = load_vec<cub::LOAD_CS, T, N>(kv_c + (lane + 32 * i) * N);
+  const unsigned char* table = static_cast<const unsigned char*>(a.table) + position * mla_table_bytes(a);
+  const T* k_pe = a.k_pe + token * a.k_pe_stride;
+  const UnitPlace pl = unit_place<N>(a.style, R, R, rot_units, lane);
+  UnitChunks<T, N> x;
+  if (lane < rot_units) {
+    x = load_chunks<T, N>(k_pe, pl);
+    mla_rotate_unit<T, C, N>(a, table, R, pl, x);
+  }
   StoreScale scale;
   if constexpr (kIsFp8<C>) {
     if (a.kv_scale != nullptr) scale = store_scale(*a.kv_scale);
   }
-  const T* kv_c = a.kv_c + token * a.kv_c_stride;
-#pragma unroll 2
-  for (int u = lane; u < latent_chunks; u += 32)
+  const auto valid = [&](int64_t u) {
+    return mla_position(a, load_raw_index(a.positions, a.positions_are_int64, u)) >= 0;
+  };
+  if (later_names_slot(a.slots, a.tokens, token, slot, valid)) return;
+  uint64_t offset = 0;
+  const auto page = static_cast<int64_t>(a.div_page.divmod(static_cast<uint64_t>(slot), offset));
+  C* const latent = a.latent.row(page, static_cast<int64_t>(offset));
+  C* const rope = a.rope.row(page, static_cast<int64_t>(offset));
+#pragma unroll
+  for (int i = 0; i < kEarly; ++i)
+    if (lane + 32 * i < latent_chunks) store_chunk<C>(latent + (lane + 32 * i) * N, early[i], scale);
+  if (lane < rot_units) store_unit(rope, pl, x, scale);
+  // The rest (generic L and R: kv_c past the first 32 chunks, k_pe past the first 32 units).
+  for (int u = lane + 32 * kEarly; u < latent_chunks; u += 32)
     store_chunk<C>(latent + u * N, load_vec<cub::LOAD_CS, T, N>(kv_c + u * N), scale);
-  const unsigned char* table = static_cast<const unsigned char*>(a.table) + position * mla_table_bytes(a);
-  const T* k_pe = a.k_pe + token * a.k_pe_stride;
-  for (int u = lane; u < rot_units; u += 32) {
-    const UnitPlace pl = unit_place<N>(a.style, R, R, rot_units, u);
-    UnitChunks<T, N> x = load_chunks<T, N>(k_pe, pl);
-    mla_rotate_unit<T, C, N>(a, table, R, pl, x);
-    store_unit(rope, pl, x, scale);
+  for (int u = lane + 32; u < rot_units; u += 32) {
+    const UnitPlace more = unit_place<N>(a.style, R, R, rot_units, u);
+    UnitChunks<T, N> y = load_chunks<T, N>(k_pe, more);
+    mla_rotate_unit<T, C, N>(a, table, R, more, y);
+    store_unit(rope, more, y, scale);
   }
 }
 
