@@ -14,3 +14,8 @@ template __global__ void kvrope::detail::backward_kernel<float, 0, 1, true>(cons
 template __global__ void kvrope::detail::decode_kernel<__nv_bfloat16, 128>(
     const kvrope::detail::DecodeArgs<__nv_bfloat16>);
 template __global__ void kvrope::detail::decode_kernel<float, 0>(const kvrope::detail::DecodeArgs<float>);
+// The MLA append: L = 512, R = 64 into an fp8 cache, and the scalar path.
+template __global__ void kvrope::detail::mla_append_kernel<__nv_bfloat16, __nv_fp8_e4m3, 8, 512, 64>(
+    const kvrope::detail::MlaArgs<__nv_bfloat16, __nv_fp8_e4m3>, const kvrope::detail::MlaGeometry);
+template __global__ void kvrope::detail::mla_append_kernel<float, float, 1, 0, 0>(
+    const kvrope::detail::MlaArgs<float, float>, const kvrope::detail::MlaGeometry);

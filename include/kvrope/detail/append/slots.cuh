@@ -33,32 +33,49 @@ __device__ __forceinline__ int64_t append_position(const AppendArgs<T, C>& a, in
   return h < 0 || w < 0 ? -1 : p;
 }
 
-//! Calls f(s, u) for each token u = first, first + stride, ... below a.tokens, with its slot s: a thread
-//! loads kAppendSlotLoads slots a round, all in flight before any is used.
-template <typename T, typename C, typename F>
-__device__ __forceinline__ void for_later_slots(const AppendArgs<T, C>& a, int64_t first, int64_t stride, F&& f) {
-  for (int64_t u0 = first; u0 < a.tokens; u0 += kAppendSlotLoads * stride) {
+//! Calls f(s, u) for each token u = first, first + stride, ... below `tokens`, with its slot s = slots[u]: a
+//! thread loads kAppendSlotLoads slots a round, all in flight before any is used.
+template <typename F>
+__device__ __forceinline__ void for_later_slots(const int64_t* slots, int64_t tokens, int64_t first, int64_t stride,
+                                                F&& f) {
+  for (int64_t u0 = first; u0 < tokens; u0 += kAppendSlotLoads * stride) {
     int64_t s[kAppendSlotLoads];
 #pragma unroll
     for (int k = 0; k < kAppendSlotLoads; ++k) {
       const int64_t u = u0 + k * stride;
-      s[k] = u < a.tokens ? a.slots[u] : -1;
+      s[k] = u < tokens ? slots[u] : -1;
     }
 #pragma unroll
     for (int k = 0; k < kAppendSlotLoads; ++k) f(s[k], u0 + k * stride);
   }
 }
 
+//! The same over an append call's tokens.
+template <typename T, typename C, typename F>
+__device__ __forceinline__ void for_later_slots(const AppendArgs<T, C>& a, int64_t first, int64_t stride, F&& f) {
+  for_later_slots(a.slots, a.tokens, first, stride, static_cast<F&&>(f));
+}
+
+//! Whether a token after `token` (of `tokens`) for which valid(u) holds names `slot` (in range): the whole
+//! warp scans, every lane must call it. The last writer of a slot is the only token this is false for (the
+//! MLA append's kernel asks it too).
+template <typename Valid>
+__device__ __forceinline__ bool later_names_slot(const int64_t* slots, int64_t tokens, int64_t token, int64_t slot,
+                                                 Valid&& valid) {
+  bool found = false;
+  for_later_slots(slots, tokens, token + 1 + (threadIdx.x & 31), 32, [&](int64_t s, int64_t u) {
+    if (s == slot && valid(u)) found = true;
+  });
+  return __any_sync(0xffffffffu, found);
+}
+
 //! Whether a later token of the call with its position in range names `slot` (in range): the whole warp
 //! scans, every lane must call it.
 template <typename T, typename C>
 __device__ __forceinline__ bool later_names_slot(const AppendArgs<T, C>& a, int64_t token, int64_t slot) {
-  bool found = false;
-  for_later_slots(a, token + 1 + (threadIdx.x & 31), 32, [&](int64_t s, int64_t u) {
-    // (ordinary positions: mRoPE calls take the tile path, append_path)
-    if (s == slot && checked_position(a, stream_position(a, u, 0)) >= 0) found = true;
-  });
-  return __any_sync(0xffffffffu, found);
+  // (ordinary positions: mRoPE calls take the tile path, append_path)
+  return later_names_slot(a.slots, a.tokens, token, slot,
+                          [&](int64_t u) { return checked_position(a, stream_position(a, u, 0)) >= 0; });
 }
 
 //! An empty key of a tile's slot table (no slot in range has all bits set).

@@ -1,10 +1,13 @@
-// How a head row splits into units (two chunks a lane handles) under each rotary style and partial rotary.
+// How a head row splits into units (two chunks a lane handles) under each rotary style and partial rotary, and
+// how a unit's angles load from a table row.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "../../core/dtype.cuh"
 #include "../../core/rotary.cuh"
+#include "../../core/vec.cuh"
 #include "../../rope.cuh"
 
 namespace kvrope::detail {
@@ -52,6 +55,56 @@ __device__ __forceinline__ void load_cached_angles(const E* cs, const E* sn, con
     s.lo[i] = pl.cross ? as[i] : as[i / 2];
     c.hi[i] = pl.cross ? ac[i] : ac[N / 2 + i / 2];
     s.hi[i] = pl.cross ? as[i] : as[N / 2 + i / 2];
+  }
+}
+
+//! K consecutive elements of E at p (aligned to their size, a power of two of bytes), in fp32: one access
+//! of up to 16 bytes, or two.
+template <int K, typename E>
+__device__ __forceinline__ void load_run(const E* p, float (&out)[K]) {
+  constexpr int kBytes = K * static_cast<int>(sizeof(E));
+  constexpr int kWord = kBytes >= 16 ? 16 : kBytes;
+  using Word = typename RawWord<kWord>::type;
+  E e[K];
+#pragma unroll
+  for (int w = 0; w < kBytes / kWord; ++w) {
+    const Word v = reinterpret_cast<const Word*>(p)[w];
+    memcpy(reinterpret_cast<unsigned char*>(e) + w * kWord, &v, kWord);
+  }
+#pragma unroll
+  for (int i = 0; i < K; ++i) out[i] = to_float(e[i]);
+}
+
+//! A unit's angles from its token's table row (cos at `cs`, sin at `sn`), as load_cached_angles gives
+//! them, in whole accesses: the pairs span the chunks (N angles from pair_lo), or each chunk holds N / 2
+//! pairs (N / 2 angles from pair_lo and from pair_hi).
+template <int N, typename E>
+__device__ __forceinline__ void load_staged_angles(const E* cs, const E* sn, const UnitPlace& pl, RopeChunk<N>& c,
+                                                   RopeChunk<N>& s) {
+  if constexpr (N >= 2) {
+    if (!pl.cross) {
+      float c0[N / 2], c1[N / 2], s0[N / 2], s1[N / 2];
+      load_run<N / 2>(cs + pl.pair_lo, c0);
+      load_run<N / 2>(cs + pl.pair_hi, c1);
+      load_run<N / 2>(sn + pl.pair_lo, s0);
+      load_run<N / 2>(sn + pl.pair_hi, s1);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        c.lo[i] = c0[i / 2];
+        c.hi[i] = c1[i / 2];
+        s.lo[i] = s0[i / 2];
+        s.hi[i] = s1[i / 2];
+      }
+      return;
+    }
+  }
+  float ac[N], as[N];
+  load_run<N>(cs + pl.pair_lo, ac);
+  load_run<N>(sn + pl.pair_lo, as);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    c.lo[i] = c.hi[i] = ac[i];
+    s.lo[i] = s.hi[i] = as[i];
   }
 }
 

@@ -1,0 +1,66 @@
+// The MLA append as its kernel sees it: the call's tensors, q's outputs resolved (MlaArgs), and the plan's
+// geometry (MlaGeometry), two separate kernel parameters; the launch values.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "../../append_params.cuh"
+#include "../../core/rotary.cuh"
+#include "../../mla_append_params.cuh"
+#include "../common/divmod.cuh"
+
+namespace kvrope::detail {
+
+//! Threads a block: 4 warps, so that a decode call's few warps still spread over many SMs.
+inline constexpr int kMlaBlockThreads = 128;
+//! The sizes the fixed instance is compiled for (DeepSeek-V2/V3, Kimi K2): L = 512, R = 64.
+inline constexpr int kMlaFixedLatentDim = 512;
+inline constexpr int kMlaFixedRotaryDim = 64;
+
+//! The call's tensors. q's outputs resolved: RoPE(q_pe) goes to q_rot (q_pe itself in place, or query_out + N)
+//! or q_rot8 (query_out_fp8 + N), q_nope's copy to q_copy or q_copy8 (null: none).
+template <typename T, typename C>
+struct MlaArgs {
+  int64_t tokens, q_heads, nope_dim, rotary_dim, latent_dim;
+  RotaryStyle style;
+  TokenHeads<const T> q_pe, q_nope;
+  TokenHeads<T> q_rot, q_copy;
+  TokenHeads<__nv_fp8_e4m3> q_rot8, q_copy8;
+  const float* q_scale;  // q_rot8's scale (null: 1)
+  const T* kv_c;
+  int64_t kv_c_stride;
+  const T* k_pe;
+  int64_t k_pe_stride;
+  const void* positions;
+  bool positions_are_int64;
+  const void* table;  // [max_position, R] in T or fp32
+  bool table_f32;
+  int64_t max_position;
+  MlaCacheRows<C> latent, rope;
+  const float* kv_scale;  // fp8 caches (null: 1)
+  const int64_t* slots;
+  int64_t num_slots;  // num_pages P
+  FastDivmod div_page;
+  int* error_flag;
+};
+
+//! The plan's geometry (plan.cuh). A token takes token_warps warps: warp 0 its latent row, warp w > 0 query
+//! rows [(w - 1) 32 / q_lanes, w 32 / q_lanes), q_lanes lanes a row.
+struct MlaGeometry {
+  int rot_units;      // units of a rotated row (q_pe, k_pe): R / (2 n), n the elements of a chunk
+  int nope_chunks;    // chunks of q_nope a query row copies: N / n with a copy, else 0
+  int latent_chunks;  // chunks of kv_c: L / n
+  int q_lanes;        // lanes a query row: the power of two that holds its rot_units, at most 32
+  int token_warps;    // 1 + ceil(Hq q_lanes / 32)
+  FastDivmod div_token_warps;
+};
+
+//! Bytes of one row of the call's table cache: R elements of fp32 or T.
+template <typename T, typename C>
+__host__ __device__ inline int64_t mla_table_bytes(const MlaArgs<T, C>& a) {
+  return a.rotary_dim * (a.table_f32 ? int64_t{4} : int64_t{sizeof(T)});
+}
+
+}  // namespace kvrope::detail

@@ -1,0 +1,179 @@
+// Host tests of the MLA append's GPU-test check (tests/support/mla_case.hpp), without a GPU: the outputs a correct
+// call leaves (emulate_mla: the reference's values rounded to T, fp8 codes) pass it for every configuration the
+// GPU test draws from (layouts, q outputs, styles, slots, sizes, offsets and pads, caches in T and fp8); one
+// wrong element of each kind, an element outside the rows changed, or a missing flag bit fails it.
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/mla_case.hpp"
+
+using namespace kvrope;
+using namespace kvrope::testing;
+
+namespace {
+
+template <typename U>
+void fill_normal_host(std::vector<U>& v, int64_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  v.resize(static_cast<size_t>(n));
+  for (auto& e : v) e = from_float<U>(normal(rng));
+}
+template <typename U>
+void fill_poison(std::vector<U>& v, int64_t n) {
+  v.resize(static_cast<size_t>(n));
+  if (n) std::memset(static_cast<void*>(v.data()), 0xFF, v.size() * sizeof(U));
+}
+
+// The buffers before a call, as the GPU test makes them: inputs random normal, outputs 0xFF.
+template <typename T, typename C, typename Pos>
+MlaSnapshot<T, C> before_call(const MlaCase<Pos>& k) {
+  std::mt19937_64 rng(k.cfg.seed);
+  MlaSnapshot<T, C> s;
+  fill_normal_host(s.q, k.q_size, rng);
+  fill_normal_host(s.q_nope, k.q_nope_size, rng);
+  fill_normal_host(s.kv, k.kv_size, rng);
+  if (k.cfg.table_f32)
+    fill_normal_host(s.table_f32, k.table_size, rng);
+  else
+    fill_normal_host(s.table, k.table_size, rng);
+  if (k.cfg.q_fp8())
+    fill_poison(s.q_out8, k.out_size);
+  else
+    fill_poison(s.q_out, k.out_size);
+  fill_poison(s.cache, k.cache_size);
+  fill_poison(s.ckv, k.ckv_size);
+  fill_poison(s.kpe, k.kpe_size);
+  return s;
+}
+
+// The first index below `size` for which pred(index) holds, or -1.
+template <typename Pred>
+int64_t find_index(int64_t size, Pred pred) {
+  for (int64_t i = 0; i < size; ++i)
+    if (pred(i)) return i;
+  return -1;
+}
+
+template <typename T, typename C, typename Pos>
+void check_case(const MlaConfig& c) {
+  INFO(c.describe());
+  const MlaCase<Pos> k(c, kIsFp8<C>);
+  const MlaSnapshot<T, C> before = before_call<T, C, Pos>(k);
+  int flag = 0;
+  const MlaSnapshot<T, C> after = emulate_mla(k, before, &flag);
+  const MlaCheckResult r = check_mla(k, before, after, flag);
+  INFO("checked " << r.checked << ", mismatches " << r.bad << ": " << r.first);
+  REQUIRE(r.ok());
+  CHECK(r.checked > 0);
+
+  // A missing required bit, or a bit the call may not set.
+  if (flag != 0) CHECK(!check_mla(k, before, after, 0).ok());
+  CHECK(!check_mla(k, before, after, flag | 8).ok());
+
+  // One cache element changed: a written one by far more than the tolerance, or one of a slot (or a pad) the call
+  // must not write.
+  const std::vector<C>& cache = c.split ? after.ckv : after.cache;
+  const std::vector<C>& was = c.split ? before.ckv : before.cache;
+  const auto size = static_cast<int64_t>(cache.size());
+  const int64_t written = find_index(size, [&](int64_t i) { return std::memcmp(&cache[i], &was[i], sizeof(C)) != 0; });
+  const int64_t untouched =
+      find_index(size, [&](int64_t i) { return std::memcmp(&cache[i], &was[i], sizeof(C)) == 0; });
+  for (const int64_t at : {written, untouched}) {
+    if (at < 0) continue;
+    MlaSnapshot<T, C> wrong = after;
+    std::vector<C>& buf = c.split ? wrong.ckv : wrong.cache;
+    if constexpr (kIsFp8<C>) {
+      uint8_t b;
+      std::memcpy(&b, &buf[at], 1);
+      b = static_cast<uint8_t>(b ^ 0x40);  // an exponent bit
+      std::memcpy(&buf[at], &b, 1);
+    } else {
+      buf[at] = from_float<C>(std::memcmp(&cache[at], &was[at], sizeof(C)) == 0 ? 1.0f : to_float(buf[at]) + 3.0f);
+    }
+    INFO("cache element " << at);
+    CHECK(!check_mla(k, before, wrong, flag).ok());
+  }
+
+  // One q element changed: in place, in q (a written one, or q_nope's, which is never written); out of place, in
+  // the output (a copy of q_nope changed by one ulp must fail: it is bit for bit).
+  if (c.query_heads > 0 && c.tokens > 0) {
+    MlaSnapshot<T, C> wrong = after;
+    if (!c.q_out()) {
+      const int64_t at = k.q_pe_at(0, 0, 0);
+      wrong.q[at] = from_float<T>(to_float(wrong.q[at]) + 3.0f);
+      CHECK(!check_mla(k, before, wrong, flag).ok());
+      wrong = after;
+      if (c.fused_q && c.nope_dim > 0) {
+        wrong.q[c.offset] = from_float<T>(7.0f);  // q_nope's first element, row (0, 0)
+        CHECK(!check_mla(k, before, wrong, flag).ok());
+      }
+    } else if (c.q_fp8()) {
+      const int64_t t = find_index(c.tokens, [&](int64_t u) {
+        const int64_t p = static_cast<int64_t>(k.pos[static_cast<size_t>(u)]);
+        return p >= 0 && p < k.max_position;
+      });
+      if (t >= 0) {
+        const int64_t at = k.out_at(t, 0, c.nope_dim);
+        uint8_t b;
+        std::memcpy(&b, &wrong.q_out8[at], 1);
+        b = static_cast<uint8_t>(b ^ 0x40);
+        std::memcpy(&wrong.q_out8[at], &b, 1);
+        CHECK(!check_mla(k, before, wrong, flag).ok());
+      }
+    } else {
+      const int64_t t = find_index(c.tokens, [&](int64_t u) {
+        const int64_t p = static_cast<int64_t>(k.pos[static_cast<size_t>(u)]);
+        return p >= 0 && p < k.max_position;
+      });
+      if (t >= 0 && c.q_nope() && c.nope_dim > 0) {
+        const int64_t at = k.out_at(t, 0, 0);
+        uint16_t bits = 0;
+        std::memcpy(&bits, &wrong.q_out[at], 2);
+        bits = static_cast<uint16_t>(bits ^ 1);  // one ulp (fp32: of its low half)
+        std::memcpy(static_cast<void*>(&wrong.q_out[at]), &bits, 2);
+        CHECK(!check_mla(k, before, wrong, flag).ok());
+      }
+    }
+  }
+}
+
+struct MlaShape {
+  int64_t nope, rotary, latent;
+};
+constexpr MlaShape kShapes[] = {{128, 64, 512}, {64, 32, 256}, {128, 64, 511}, {24, 40, 72}};
+constexpr MlaQMode kQModes[] = {MlaQMode::kInPlace, MlaQMode::kOut, MlaQMode::kOutNope, MlaQMode::kOutFp8,
+                                MlaQMode::kOutFp8Nope};
+constexpr MlaSlots kSlots[] = {MlaSlots::kDistinct, MlaSlots::kPadding, MlaSlots::kRepeats, MlaSlots::kBad};
+
+}  // namespace
+
+TEST_CASE("mla check: a correct call's outputs pass, one wrong element fails", "[host][mla]") {
+  uint64_t seed = 1;
+  for (const MlaShape& shape : kShapes)
+    for (const bool split : {false, true})
+      for (const MlaQMode qmode : kQModes) {
+        MlaConfig c;
+        c.seed = seed++;
+        c.nope_dim = shape.nope;
+        c.rotary_dim = shape.rotary;
+        c.latent_dim = shape.latent;
+        c.split = split;
+        c.qmode = qmode;
+        c.style = c.seed % 2 ? RotaryStyle::kInterleaved : RotaryStyle::kRotateHalf;
+        c.tokens = 3 + static_cast<int64_t>(c.seed % 11);
+        c.query_heads = c.seed % 7 == 0 ? 0 : 4;
+        c.fused_q = c.seed % 3 != 2;
+        c.table_f32 = c.seed % 3 != 1;
+        c.page_size = c.seed % 3 == 0 ? 1 : 16;
+        c.slots = kSlots[c.seed % 4];
+        c.offset = c.seed % 4 == 1 ? 1 : 0;
+        c.pad = c.seed % 5 == 0 ? 0 : c.seed % 5 == 1 ? 3 : 16;
+        c.scales = c.seed % 3 != 0;
+        check_case<__nv_bfloat16, __nv_bfloat16, int64_t>(c);
+        check_case<float, __nv_fp8_e4m3, int32_t>(c);
+        check_case<__half, __nv_fp8_e5m2, int64_t>(c);
+      }
+}
