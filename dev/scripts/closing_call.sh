@@ -46,14 +46,14 @@ fi
 fi_pid=$!
 cmake -S . -B build-gpu "${cfg[@]}" > "$logs/configure.log" 2>&1 &&
   cmake --build build-gpu -j 9 --target kvrope_bench kvrope_gpu_append kvrope_gpu_append_random kvrope_gpu_forward \
-    kvrope_gpu_backward kvrope_gpu_launch kvrope_gpu_random kvrope_gpu_nvfp4 kvrope_example_backward_basic \
+    kvrope_gpu_backward kvrope_gpu_launch kvrope_gpu_random kvrope_gpu_nvfp4 kvrope_gpu_mla_append kvrope_example_backward_basic \
     kvrope_example_training_step kvrope_example_custom_kernel > "$logs/build.log" 2>&1
 summary+=("build: rc $? ($SECONDS s)")
 for e in backward_basic training_step custom_kernel; do
   timeout 60 build-gpu/examples/$e > "$logs/example_$e.log" 2>&1
   summary+=("example $e: rc $? ($(tail -n 1 "$logs/example_$e.log")) ($SECONDS s)")
 done
-for t in ${TESTS-append forward backward launch random nvfp4 append_random}; do
+for t in ${TESTS-append forward backward launch random nvfp4 mla_append append_random}; do
   [[ $t == append_random ]] && continue
   timeout 150 build-gpu/tests/gpu/gpu_$t > "$logs/gpu_$t.log" 2>&1
   summary+=("gpu_$t: rc $? ($(grep -E 'passed|failed' "$logs/gpu_$t.log" | tail -n 1)) ($SECONDS s)")
