@@ -122,7 +122,7 @@ struct AppendCaseData : CaseDataBase {
   using Pos = int64_t;
   AppendCase sc;
   int64_t tokens = 0, width = 0, slots = 0;  // width: elements of a token's row of qkv, (Hq + 2 H) D
-  int64_t cache_row = 0;                      // elements of C a cache row: D (NVFP4: D / 2 bytes of codes)
+  int64_t cache_row = 0;                     // elements of C a cache row: D (NVFP4: D / 2 bytes of codes)
   size_t cache_elems = 0;
   int fill_blocks = 0;
   AppendTokens host;
@@ -492,15 +492,15 @@ struct AppendCaseData : CaseDataBase {
     CompareCounts* c = counts.as<CompareCounts>();
     const int* w = writer.as<const int>();
     const uint8_t pattern = kAppendCachePattern;
-    compare_untouched_rows<<<fill_blocks, 256, 0, stream>>>(byte_pages(key_cache, row_bytes), row_bytes, P, H, slots,
-                                                            w, pattern, c + kRegionKeyOther);
-    compare_untouched_rows<<<fill_blocks, 256, 0, stream>>>(byte_pages(value_cache, row_bytes), row_bytes, P, H,
-                                                            slots, w, pattern, c + kRegionValueOther);
+    compare_untouched_rows<<<fill_blocks, 256, 0, stream>>>(byte_pages(key_cache, row_bytes), row_bytes, P, H, slots, w,
+                                                            pattern, c + kRegionKeyOther);
+    compare_untouched_rows<<<fill_blocks, 256, 0, stream>>>(byte_pages(value_cache, row_bytes), row_bytes, P, H, slots,
+                                                            w, pattern, c + kRegionValueOther);
     if constexpr (nvfp4) {
       compare_untouched_rows<<<fill_blocks, 256, 0, stream>>>(byte_pages(key_sf, sf_bytes), sf_bytes, P, H, slots, w,
                                                               pattern, c + kRegionKeyOther);
-      compare_untouched_rows<<<fill_blocks, 256, 0, stream>>>(byte_pages(value_sf, sf_bytes), sf_bytes, P, H, slots,
-                                                              w, pattern, c + kRegionValueOther);
+      compare_untouched_rows<<<fill_blocks, 256, 0, stream>>>(byte_pages(value_sf, sf_bytes), sf_bytes, P, H, slots, w,
+                                                              pattern, c + kRegionValueOther);
     }
     // The rows the tokens wrote, gathered [T, H, row] (bytes), and their block scales.
     const int64_t* slot_of = slot_mapping.as<const int64_t>();
@@ -524,8 +524,8 @@ struct AppendCaseData : CaseDataBase {
     CompareCounts got[kAppendRegions];
     KVROPE_BENCH_CUDA(cudaMemcpyAsync(got, c, sizeof(got), cudaMemcpyDeviceToHost, stream));
     std::vector<T> before(static_cast<size_t>(tokens * width)), after(before.size());
-    KVROPE_BENCH_CUDA(cudaMemcpyAsync(before.data(), pristine.as<void>(), pristine.bytes(), cudaMemcpyDeviceToHost,
-                                      stream));
+    KVROPE_BENCH_CUDA(
+        cudaMemcpyAsync(before.data(), pristine.as<void>(), pristine.bytes(), cudaMemcpyDeviceToHost, stream));
     KVROPE_BENCH_CUDA(cudaMemcpyAsync(after.data(), qkv.as<void>(), qkv.bytes(), cudaMemcpyDeviceToHost, stream));
     reset(stream);
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
@@ -533,12 +533,10 @@ struct AppendCaseData : CaseDataBase {
     // The host's part (append_check_rows).
     kvrope::verify::Nvfp4Oracle oracle;
     if constexpr (nvfp4)
-      oracle = [this, stream](const std::vector<std::array<float, 2>>& asked) {
-        return nvfp4_answers(asked, stream);
-      };
-    const kvrope::verify::CheckResult r = append_check_rows<T, C>(sc, host.positions, host_table, before, after,
-                                                                  key_rows, value_rows, key_sf_rows, value_sf_rows,
-                                                                  key_in_place, oracle);
+      oracle = [this, stream](const std::vector<std::array<float, 2>>& asked) { return nvfp4_answers(asked, stream); };
+    const kvrope::verify::CheckResult r =
+        append_check_rows<T, C>(sc, host.positions, host_table, before, after, key_rows, value_rows, key_sf_rows,
+                                value_sf_rows, key_in_place, oracle);
 
     if (flag != 0) out.failure = "error_flag = " + std::to_string(flag) + "; ";
     // Every q, k and v element, and at least one comparison a cache row: else the check proved nothing.
@@ -572,9 +570,8 @@ struct AppendCaseData : CaseDataBase {
       flat[2 * i + 1] = asked[i][1];
     }
     KVROPE_BENCH_CUDA(cudaMemcpyAsync(d_asked.as<void>(), flat.data(), bytes, cudaMemcpyHostToDevice, stream));
-    nvfp4_block_scale_answers<<<fill_blocks, 256, 0, stream>>>(d_asked.as<const float>(),
-                                                               static_cast<int64_t>(asked.size()),
-                                                               d_answers.as<float>());
+    nvfp4_block_scale_answers<<<fill_blocks, 256, 0, stream>>>(
+        d_asked.as<const float>(), static_cast<int64_t>(asked.size()), d_answers.as<float>());
     KVROPE_BENCH_CUDA(cudaGetLastError());
     KVROPE_BENCH_CUDA(cudaMemcpyAsync(flat.data(), d_answers.as<void>(), bytes, cudaMemcpyDeviceToHost, stream));
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));

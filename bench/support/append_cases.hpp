@@ -56,7 +56,7 @@ struct AppendCase {
   int64_t pages_per_seq() const { return s_max / page_size; }
   int64_t pages() const { return seqs * pages_per_seq(); }
   int64_t cache_elem_bytes() const { return cache == AppendCache::kBf16 ? 2 : 1; }  // bf16, fp8 (not NVFP4)
-  int64_t query_out_elem_bytes() const { return query_fp8 ? 1 : 2; }  // the rotated q as written
+  int64_t query_out_elem_bytes() const { return query_fp8 ? 1 : 2; }                // the rotated q as written
   const char* cache_label() const { return append_cache_label(cache, query_fp8, mrope); }
   AppendGroup group() const {
     return cache == AppendCache::kNvfp4 ? AppendGroup::kNvfp4 : mrope ? AppendGroup::kMrope : AppendGroup::kBase;
@@ -160,10 +160,9 @@ inline double append_bytes(const AppendCase& c, bool key_written) {
   const double hq = static_cast<double>(c.query_heads), h = static_cast<double>(c.heads);
   const double d = static_cast<double>(c.head_dim), ce = static_cast<double>(c.cache_elem_bytes());
   const double qe = static_cast<double>(c.query_out_elem_bytes());
-  const double cache_rows =
-      c.cache == AppendCache::kNvfp4
-          ? 2 * h * static_cast<double>(c.nvfp4_code_bytes() + c.nvfp4_scale_bytes())
-          : ce * (2 * h * d);
+  const double cache_rows = c.cache == AppendCache::kNvfp4
+                                ? 2 * h * static_cast<double>(c.nvfp4_code_bytes() + c.nvfp4_scale_bytes())
+                                : ce * (2 * h * d);
   const double per_token = (2 + qe) * (hq * d) + 2 * (2 * h * d) + cache_rows + 4 * d + 16 + (c.mrope ? 16 : 0) +
                            (key_written ? 2 * h * d : 0);
   return per_token * static_cast<double>(c.tokens());

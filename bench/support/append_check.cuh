@@ -169,9 +169,8 @@ __global__ void compare_cache(kvrope::PagedCache<const C> cache, int64_t P, int6
 //! check_reference): every byte of a cache's rows (or of its NVFP4 block scales) that no token writes
 //! (writer[slot] < 0) still holds the fill pattern. `cache` is viewed in bytes (strides in bytes), rows of
 //! row_bytes; the index of a bad byte is (slot H + h) row_bytes + b.
-__global__ void compare_untouched_rows(kvrope::PagedCache<const uint8_t> cache, int64_t row_bytes, int64_t P,
-                                       int64_t H, int64_t slots, const int* writer, uint8_t pattern,
-                                       CompareCounts* other) {
+__global__ void compare_untouched_rows(kvrope::PagedCache<const uint8_t> cache, int64_t row_bytes, int64_t P, int64_t H,
+                                       int64_t slots, const int* writer, uint8_t pattern, CompareCounts* other) {
   LocalCounts rest;
   const int64_t n = slots * H * row_bytes;
   for (int64_t i = check_begin(); i < n; i += check_stride()) {

@@ -197,15 +197,17 @@ inline void print_append_groups(const Run& run) {
       if (m.n != of) std::printf("   (over %d of %d cases)", m.n, of);
       std::printf("\n");
     };
-    std::printf("\n%s cases: geometric means over the %d case(s) that ran, apart from the means above (CUPTI "
-                "medians, us; no naive variant):\n",
-                name.c_str(), s.cases);
+    std::printf(
+        "\n%s cases: geometric means over the %d case(s) that ran, apart from the means above (CUPTI "
+        "medians, us; no naive variant):\n",
+        name.c_str(), s.cases);
     for (AppendVariant v : order)
       if (s.time.count(v)) line(std::string(append_variant_name(v)) + " geomean us", s.time.at(v), "%.2f", s.cases);
     line("kvrope floor geomean us", s.floor, "%.2f", s.cases);
     line("kvrope_kip floor geomean us", s.floor_kip, "%.2f", s.cases);
     for (AppendVariant v : order)
-      if (s.x_floor.count(v)) line(std::string(append_variant_name(v)) + "/floor geomean", s.x_floor.at(v), "%.3f", s.cases);
+      if (s.x_floor.count(v))
+        line(std::string(append_variant_name(v)) + "/floor geomean", s.x_floor.at(v), "%.3f", s.cases);
     if (decode) {
       for (AppendVariant v : order)
         if (s.x_floor_empty.count(v))
@@ -221,7 +223,8 @@ inline void print_append_groups(const Run& run) {
     }
     if (!s.kvrope_x_floor_by_config.empty()) {
       std::printf("%s: kvrope/floor geomean by configuration:", name.c_str());
-      for (const auto& [config, m] : s.kvrope_x_floor_by_config) std::printf("  %s %.3f;", config.c_str(), m.geometric());
+      for (const auto& [config, m] : s.kvrope_x_floor_by_config)
+        std::printf("  %s %.3f;", config.c_str(), m.geometric());
       std::printf("\n");
     }
     if (s.checked_cases == 0)
@@ -236,12 +239,14 @@ inline void print_append_groups(const Run& run) {
       const Means k = append_mrope_over_ordinary(run, AppendVariant::kKvrope);
       const Means kip = append_mrope_over_ordinary(run, AppendVariant::kKvropeKeyInPlace);
       if (k.n > 0)
-        std::printf("mrope/ordinary geomean = %.3f   (kvrope: each bf16+mrope case's median over its bf16 twin's, %d "
-                    "pair(s); kvrope_kip %s)\n",
-                    k.geometric(), k.n, fmt("%.3f", kip.geometric()).c_str());
+        std::printf(
+            "mrope/ordinary geomean = %.3f   (kvrope: each bf16+mrope case's median over its bf16 twin's, %d "
+            "pair(s); kvrope_kip %s)\n",
+            k.geometric(), k.n, fmt("%.3f", kip.geometric()).c_str());
       else
-        std::printf("mrope/ordinary geomean: no pair (run the twins too: each bf16+mrope case's twin is the bf16 case "
-                    "of the same shape, Hq and layout)\n");
+        std::printf(
+            "mrope/ordinary geomean: no pair (run the twins too: each bf16+mrope case's twin is the bf16 case "
+            "of the same shape, Hq and layout)\n");
     }
   }
 }
@@ -397,10 +402,10 @@ inline void write_append_json(const Run& run, const AppendSummary& s, const std:
          ", \"query_fp8\": " + json_bool(c.query_fp8) + ", \"mrope\": " + json_bool(c.mrope) +
          (c.mrope ? ", \"twin\": " + std::to_string(c.twin) : std::string()) +
          ", \"group\": " + json_string(append_group_name(c.group())) +
-         ", \"layout\": " + json_string(append_layout_name(c.layout)) +
-         ", \"pages\": " + std::to_string(c.pages()) + ", \"bytes\": " + json_number(cr.bytes) +
-         ", \"bytes_key_written\": " + json_number(cr.bytes_kip) + ", \"floor_us\": " + json_number(cr.floor_us) +
-         ", \"floor_key_written_us\": " + json_number(cr.floor_kip_us) + ", \"check\": " +
+         ", \"layout\": " + json_string(append_layout_name(c.layout)) + ", \"pages\": " + std::to_string(c.pages()) +
+         ", \"bytes\": " + json_number(cr.bytes) + ", \"bytes_key_written\": " + json_number(cr.bytes_kip) +
+         ", \"floor_us\": " + json_number(cr.floor_us) + ", \"floor_key_written_us\": " + json_number(cr.floor_kip_us) +
+         ", \"check\": " +
          json_string(cr.checks == 0             ? "none"
                      : cr.check_failure.empty() ? "ok"
                                                 : cr.check_failure) +
@@ -450,14 +455,13 @@ inline void write_append_json(const Run& run, const AppendSummary& s, const std:
   for (const AppendGroup g : {AppendGroup::kNvfp4, AppendGroup::kMrope}) {
     if (!append_group_ran(run, g)) continue;
     const AppendSummary gs = summarize_append(run, g);
-    groups += std::string(groups.empty() ? "" : ", ") + json_string(append_group_name(g)) + ": {\"geomean\": " +
-              means_of(gs, true) + ", \"checked_cases\": " + std::to_string(gs.checked_cases) +
+    groups += std::string(groups.empty() ? "" : ", ") + json_string(append_group_name(g)) +
+              ": {\"geomean\": " + means_of(gs, true) + ", \"checked_cases\": " + std::to_string(gs.checked_cases) +
               ", \"check_failures\": " + std::to_string(gs.failures.size()) + "}";
   }
   if (append_group_ran(run, AppendGroup::kMrope))
     groups += std::string(groups.empty() ? "" : ", ") + "\"mrope_over_ordinary\": {\"kvrope\": " +
-              json_number(append_mrope_over_ordinary(run, AppendVariant::kKvrope).geometric()) +
-              ", \"kvrope_kip\": " +
+              json_number(append_mrope_over_ordinary(run, AppendVariant::kKvrope).geometric()) + ", \"kvrope_kip\": " +
               json_number(append_mrope_over_ordinary(run, AppendVariant::kKvropeKeyInPlace).geometric()) + "}";
   if (!groups.empty()) j += "  \"groups\": {" + groups + "},\n";
   j += "  \"check_failures\": " + std::to_string(s.failures.size()) + "\n}\n";
