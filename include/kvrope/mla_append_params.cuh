@@ -112,8 +112,9 @@ struct MlaPlan {
   int vec_width = 0;        //!< elements per access (16 bytes of T, or 1 for unaligned rows or odd sizes)
   bool fixed_dims = false;  //!< the instance compiled for L = 512, R = 64 (DeepSeek-V3, Kimi K2)
   int q_lanes = 0;          //!< lanes a query row (a power of two, at most 32)
-  int token_warps = 0;      //!< warps a token: one for its latent row, the others its query rows
-  int grid = 0;             //!< blocks
+  int query_warps = 0;      //!< warps a token's query rows take
+  int latent_blocks = 0;    //!< the grid's first blocks: a tile of kMlaTileTokens tokens' latent rows each
+  int grid = 0;             //!< blocks: the latent blocks, then the query rows' blocks
   int block = 0;            //!< threads per block
 };
 

@@ -297,12 +297,14 @@ TEST_CASE("mla plan: DeepSeek-V3 on the vector path takes the instance of L = 51
   CHECK(plan.vec_width == 8);
   CHECK(plan.fixed_dims);
   CHECK(plan.q_lanes == 4);      // R / 16 = 4 units a query row
-  CHECK(plan.token_warps == 3);  // the latent row, then 16 query rows, 8 a warp
+  CHECK(plan.query_warps == 2);  // 16 query rows, 8 a warp
+  CHECK(plan.latent_blocks == 2);  // 64 tokens, 32 a latent tile
   CHECK(plan.block == kMlaBlockThreads);
-  CHECK(plan.grid == 64 * 3 / 4);
+  CHECK(plan.grid == 2 + 64 * 2 / 4);
   REQUIRE(plan_mla_append(fake_mla(1, 128), &plan).ok());  // Kimi K2 / DeepSeek-V3 decode at Hq = 128
-  CHECK(plan.token_warps == 17);
-  CHECK(plan.grid == 5);
+  CHECK(plan.query_warps == 16);
+  CHECK(plan.latent_blocks == 1);
+  CHECK(plan.grid == 1 + 4);
 
   const MlaArgs<T, T> a = mla_args(fake_mla());
   CHECK(a.q_rot.data == a.q_pe.data);  // in place
@@ -314,7 +316,8 @@ TEST_CASE("mla plan: DeepSeek-V3 on the vector path takes the instance of L = 51
   CHECK(g.rot_units == 4);
   CHECK(g.latent_chunks == 64);
   CHECK(g.nope_chunks == 0);
-  CHECK(g.div_token_warps.divisor == 3);
+  CHECK(g.div_query_warps.divisor == 2);
+  CHECK(g.latent_blocks == 2);
 
   auto out = fake_mla();
   set_query_out(out, false, true);
@@ -353,7 +356,7 @@ TEST_CASE("mla plan: DeepSeek-V3 on the vector path takes the instance of L = 51
   CHECK(plan.vec_width == 4);
   CHECK(plan.fixed_dims);
   CHECK(plan.q_lanes == 8);
-  CHECK(plan.token_warps == 5);
+  CHECK(plan.query_warps == 4);
 }
 
 TEST_CASE("mla plan: other sizes take the generic vector instance, odd ones and misaligned rows the scalar one",
@@ -363,7 +366,7 @@ TEST_CASE("mla plan: other sizes take the generic vector instance, odd ones and 
   CHECK(plan.vec_width == 8);
   CHECK(!plan.fixed_dims);
   CHECK(plan.q_lanes == 2);
-  CHECK(plan.token_warps == 2);
+  CHECK(plan.query_warps == 1);
   // Each cause of the scalar path, named by mla_scalar_cause.
   struct Case {
     const char* cause;
@@ -420,7 +423,7 @@ TEST_CASE("mla plan: other sizes take the generic vector instance, odd ones and 
   // The scalar path: a lane a unit of one pair (rotate-half: R / 2 units), up to 32 lanes a query row.
   REQUIRE(plan_mla_append(fake_mla(3, 16, 128, 64, 509), &plan).ok());
   CHECK(plan.q_lanes == 32);
-  CHECK(plan.token_warps == 17);
+  CHECK(plan.query_warps == 16);
   // fp8 caches: chunks of 8 bytes (a chunk of 8 bf16 values), aligned to them.
   auto e4m3 = fake_mla<__nv_fp8_e4m3>();
   REQUIRE(plan_mla_append(e4m3, &plan).ok());

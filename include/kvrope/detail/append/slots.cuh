@@ -57,8 +57,7 @@ __device__ __forceinline__ void for_later_slots(const AppendArgs<T, C>& a, int64
 }
 
 //! Whether a token after `token` (of `tokens`) for which valid(u) holds names `slot` (in range): the whole
-//! warp scans, every lane must call it. The last writer of a slot is the only token this is false for (the
-//! MLA append's kernel asks it too).
+//! warp scans, every lane must call it. The last writer of a slot is the only token this is false for.
 template <typename Valid>
 __device__ __forceinline__ bool later_names_slot(const int64_t* slots, int64_t tokens, int64_t token, int64_t slot,
                                                  Valid&& valid) {

@@ -15,6 +15,12 @@ namespace kvrope::detail {
 
 //! Threads a block: 4 warps, so that a decode call's few warps still spread over many SMs.
 inline constexpr int kMlaBlockThreads = 128;
+//! Tokens a latent tile: a block stages their slots and a slot table and scans the later tokens' slots once
+//! for all of them (a warp a token scanned every later slot: O(T^2) loads), then its warps write their rows.
+inline constexpr int kMlaTileTokens = 32;
+//! Entries of a latent tile's slot table (open addressing): a power of two, twice the tile's tokens.
+inline constexpr int kMlaHashSlots = 2 * kMlaTileTokens;
+static_assert(kMlaTileTokens <= kMlaBlockThreads, "a thread stages each token of a latent tile");
 //! The sizes the fixed instance is compiled for (DeepSeek-V2/V3, Kimi K2): L = 512, R = 64.
 inline constexpr int kMlaFixedLatentDim = 512;
 inline constexpr int kMlaFixedRotaryDim = 64;
@@ -46,15 +52,17 @@ struct MlaArgs {
   int* error_flag;
 };
 
-//! The plan's geometry (plan.cuh). A token takes token_warps warps: warp 0 its latent row, warp w > 0 query
-//! rows [(w - 1) 32 / q_lanes, w 32 / q_lanes), q_lanes lanes a row.
+//! The plan's geometry (plan.cuh). Blocks [0, latent_blocks) take a latent tile each (kMlaTileTokens tokens);
+//! the warps of the blocks after them take query rows, query_warps a token: its warp w rows
+//! [w 32 / q_lanes, (w + 1) 32 / q_lanes), q_lanes lanes a row.
 struct MlaGeometry {
   int rot_units;      // units of a rotated row (q_pe, k_pe): R / (2 n), n the elements of a chunk
   int nope_chunks;    // chunks of q_nope a query row copies: N / n with a copy, else 0
   int latent_chunks;  // chunks of kv_c: L / n
   int q_lanes;        // lanes a query row: the power of two that holds its rot_units, at most 32
-  int token_warps;    // 1 + ceil(Hq q_lanes / 32)
-  FastDivmod div_token_warps;
+  int query_warps;    // ceil(Hq q_lanes / 32)
+  int latent_blocks;  // ceil(T / kMlaTileTokens)
+  FastDivmod div_query_warps;
 };
 
 //! Bytes of one row of the call's table cache: R elements of fp32 or T.

@@ -1,7 +1,7 @@
-// The MLA append's kernel (docs/design.md, "The MLA append"): a warp a token's latent row, and warps of its query
-// rows, q_lanes lanes a row. Built from the append's pieces: units of rotated rows (common/rotary_units.cuh), the
-// rotation (rope.cuh), the one store path of T and fp8 rows (append/formats.cuh), the last-writer scan of slots
-// (append/slots.cuh), the error flag's bits.
+// The MLA append's kernel (docs/design.md, "The MLA append"): blocks of latent tiles (a tile's slots staged and
+// scanned once, a warp a latent row), then warps of query rows, q_lanes lanes a row. Built from the append's
+// pieces: units of rotated rows (common/rotary_units.cuh), the rotation (rope.cuh), the one store path of T and fp8
+// rows (append/formats.cuh), the slot table and the scan of later slots (append/slots.cuh), the error flag's bits.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,12 @@ __device__ __forceinline__ int64_t mla_position(const MlaArgs<T, C>& a, const Ra
   return p >= 0 && p < a.max_position ? p : -1;
 }
 
+//! The table row of position p (in range).
+template <typename T, typename C>
+__device__ __forceinline__ const unsigned char* mla_table_row(const MlaArgs<T, C>& a, int64_t p) {
+  return static_cast<const unsigned char*>(a.table) + p * mla_table_bytes(a);
+}
+
 //! Rotates one unit of a rotated row (q_pe or k_pe: R elements, all rotated) with the angles of its token's
 //! table row `table`, and rounds it to T.
 template <typename T, typename C, int N>
@@ -46,63 +52,149 @@ __device__ __forceinline__ void mla_rotate_unit(const MlaArgs<T, C>& a, const un
   x.hi = Vec<T, N>::from_float(f.hi);
 }
 
-//! The latent row of `token` (a whole warp): the error flag's bits, then, when the token's position is valid and
-//! its slot in range and not named by a later valid token, kv_c copied (quantized) to its latent row and
-//! RoPE(k_pe) to its rope row. A lane's first kv_c chunks (all of them with L compiled in) and its first k_pe
-//! unit, rotated, are loaded before the scan of later slots, which then hides their latency; only the stores wait
-//! for it.
+//! A latent row in registers (a warp a row): its token's position (-1: out of range), each lane's first kv_c
+//! chunks (all of them with L compiled in) and its first k_pe unit, rotated.
+template <typename T, int N, int kL>
+struct MlaLatentRow {
+  static constexpr int kEarly = kL ? (kL / N + 31) / 32 : 1;
+  int64_t position;
+  Vec<T, N> early[kEarly];
+  UnitChunks<T, N> x;
+};
+
+//! Loads the latent row of `token` (a whole warp): what MlaLatentRow holds, so that the stores wait for nothing.
 template <typename T, typename C, int N, int kL, int kR>
-__device__ __forceinline__ void mla_latent_row(const MlaArgs<T, C>& a, const MlaGeometry& g, int64_t token,
-                                               int64_t position, int64_t slot) {
+__device__ __forceinline__ void mla_latent_load(const MlaArgs<T, C>& a, const MlaGeometry& g, int64_t token,
+                                                MlaLatentRow<T, N, kL>& r) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  if (lane == 0 && a.error_flag != nullptr) {
-    if (position < 0)
-      atomicOr(a.error_flag, kErrorPositionIdOutOfRange);
-    else if (slot >= a.num_slots)
-      atomicOr(a.error_flag, kErrorSlotOutOfRange);
-  }
-  if (position < 0 || slot < 0 || slot >= a.num_slots) return;  // (the whole warp)
   const int R = kR ? kR : static_cast<int>(a.rotary_dim);
   const int rot_units = kR ? kR / (2 * N) : g.rot_units;
   const int latent_chunks = kL ? kL / N : g.latent_chunks;
-  constexpr int kEarly = kL ? (kL / N + 31) / 32 : 1;  // kv_c chunks a lane loads before the scan
+  constexpr int kEarly = MlaLatentRow<T, N, kL>::kEarly;
+  r.position = mla_position(a, load_raw_index(a.positions, a.positions_are_int64, token));
   const T* kv_c = a.kv_c + token * a.kv_c_stride;
-  Vec<T, N> early[kEarly];
 #pragma unroll
   for (int i = 0; i < kEarly; ++i)
-    if (lane + 32 * i < latent_chunks) early[i] = load_vec<cub::LOAD_CS, T, N>(kv_c + (lane + 32 * i) * N);
-  const unsigned char* table = static_cast<const unsigned char*>(a.table) + position * mla_table_bytes(a);
-  const T* k_pe = a.k_pe + token * a.k_pe_stride;
-  const UnitPlace pl = unit_place<N>(a.style, R, R, rot_units, lane);
-  UnitChunks<T, N> x;
-  if (lane < rot_units) {
-    x = load_chunks<T, N>(k_pe, pl);
-    mla_rotate_unit<T, C, N>(a, table, R, pl, x);
+    if (lane + 32 * i < latent_chunks) r.early[i] = load_vec<cub::LOAD_CS, T, N>(kv_c + (lane + 32 * i) * N);
+  if (r.position >= 0 && lane < rot_units) {
+    const UnitPlace pl = unit_place<N>(a.style, R, R, rot_units, lane);
+    r.x = load_chunks<T, N>(a.k_pe + token * a.k_pe_stride, pl);
+    mla_rotate_unit<T, C, N>(a, mla_table_row(a, r.position), R, pl, r.x);
   }
+}
+
+//! Writes the latent row of `token`, loaded in `r`, to cache row `slot` (a whole warp; -1: none): kv_c copied
+//! (quantized) to its latent row and RoPE(k_pe) to its rope row.
+template <typename T, typename C, int N, int kL, int kR>
+__device__ __forceinline__ void mla_latent_store(const MlaArgs<T, C>& a, const MlaGeometry& g, int64_t token,
+                                                 const MlaLatentRow<T, N, kL>& r, int64_t slot) {
+  if (slot < 0) return;  // (the whole warp)
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int R = kR ? kR : static_cast<int>(a.rotary_dim);
+  const int rot_units = kR ? kR / (2 * N) : g.rot_units;
+  const int latent_chunks = kL ? kL / N : g.latent_chunks;
+  constexpr int kEarly = MlaLatentRow<T, N, kL>::kEarly;
   StoreScale scale;
   if constexpr (kIsFp8<C>) {
     if (a.kv_scale != nullptr) scale = store_scale(*a.kv_scale);
   }
-  const auto valid = [&](int64_t u) {
-    return mla_position(a, load_raw_index(a.positions, a.positions_are_int64, u)) >= 0;
-  };
-  if (later_names_slot(a.slots, a.tokens, token, slot, valid)) return;
   uint64_t offset = 0;
   const auto page = static_cast<int64_t>(a.div_page.divmod(static_cast<uint64_t>(slot), offset));
   C* const latent = a.latent.row(page, static_cast<int64_t>(offset));
   C* const rope = a.rope.row(page, static_cast<int64_t>(offset));
 #pragma unroll
   for (int i = 0; i < kEarly; ++i)
-    if (lane + 32 * i < latent_chunks) store_chunk<C>(latent + (lane + 32 * i) * N, early[i], scale);
-  if (lane < rot_units) store_unit(rope, pl, x, scale);
+    if (lane + 32 * i < latent_chunks) store_chunk<C>(latent + (lane + 32 * i) * N, r.early[i], scale);
+  if (lane < rot_units) store_unit(rope, unit_place<N>(a.style, R, R, rot_units, lane), r.x, scale);
   // The rest (generic L and R: kv_c past the first 32 chunks, k_pe past the first 32 units).
+  const T* kv_c = a.kv_c + token * a.kv_c_stride;
   for (int u = lane + 32 * kEarly; u < latent_chunks; u += 32)
     store_chunk<C>(latent + u * N, load_vec<cub::LOAD_CS, T, N>(kv_c + u * N), scale);
+  const T* k_pe = a.k_pe + token * a.k_pe_stride;
   for (int u = lane + 32; u < rot_units; u += 32) {
     const UnitPlace more = unit_place<N>(a.style, R, R, rot_units, u);
     UnitChunks<T, N> y = load_chunks<T, N>(k_pe, more);
-    mla_rotate_unit<T, C, N>(a, table, R, more, y);
+    mla_rotate_unit<T, C, N>(a, mla_table_row(a, r.position), R, more, y);
     store_unit(rope, more, y, scale);
+  }
+}
+
+//! A latent tile's staged state (static shared memory): `slot[i]` the cache row token first + i writes (-1:
+//! none), and the slot table (append/slots.cuh) of the tile's slots.
+struct MlaTileState {
+  int64_t slot[kMlaTileTokens];
+  unsigned long long keys[kMlaHashSlots];
+  int last[kMlaHashSlots];
+  int later[kMlaHashSlots];
+};
+
+//! Stages the latent tile of `count` tokens from `first` (every thread of the block; it ends with a barrier):
+//! each token's slot, kept only when the token is the last with its position in range to name it, in the tile
+//! (the table's `last`) or after it (one scan of every later slot against the table). A bad position or slot
+//! sets its bit of the error flag.
+template <typename T, typename C>
+__device__ __forceinline__ void stage_mla_tile(const MlaArgs<T, C>& a, int64_t first, int count, MlaTileState& s) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const SlotTable st{s.keys, s.last, s.later, kMlaHashSlots};
+  const auto valid = [&](int64_t u) {
+    return mla_position(a, load_raw_index(a.positions, a.positions_are_int64, u)) >= 0;
+  };
+  for (int e = tid; e < kMlaHashSlots; e += kMlaBlockThreads) {
+    s.keys[e] = kAppendNoSlot;
+    s.last[e] = -1;
+    s.later[e] = 0;
+  }
+  if (tid < count) {
+    const int64_t t = first + tid;
+    int64_t slot = a.slots[t];
+    if (!valid(t)) {
+      if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrorPositionIdOutOfRange);
+      slot = -1;
+    } else if (slot >= a.num_slots) {
+      if (a.error_flag != nullptr) atomicOr(a.error_flag, kErrorSlotOutOfRange);
+      slot = -1;
+    }
+    s.slot[tid] = slot < 0 ? -1 : slot;
+  }
+  __syncthreads();
+  // A tile of one token (decode) needs no table: its slot is compared with each later one.
+  const bool one = count == 1;
+  const int64_t own = s.slot[0];
+  if (!one) {
+    if (tid < count && s.slot[tid] >= 0) atomicMax(&s.last[st.insert(s.slot[tid])], tid);
+    __syncthreads();
+  }
+  if (!one || own >= 0)
+    for_later_slots(a.slots, a.tokens, first + count + tid, kMlaBlockThreads, [&](int64_t slot, int64_t u) {
+      if (slot < 0 || slot >= a.num_slots) return;
+      const int e = one ? (slot == own ? 0 : -1) : st.find(slot);
+      if (e >= 0 && valid(u)) atomicOr(&s.later[e], 1);
+    });
+  __syncthreads();
+  if (tid < count && s.slot[tid] >= 0) {
+    const int e = one ? 0 : st.find(s.slot[tid]);
+    if ((!one && s.last[e] != tid) || s.later[e] != 0) s.slot[tid] = -1;  // a later token writes the slot
+  }
+  __syncthreads();
+}
+
+//! The latent tile from `first` (a block): its warps' first rows load while the tile is staged; then warp w
+//! writes the tile's rows w, w + 4, ..., each next row loading before the current one is stored.
+template <typename T, typename C, int N, int kL, int kR>
+__device__ __forceinline__ void mla_latent_tile(const MlaArgs<T, C>& a, const MlaGeometry& g, int64_t first) {
+  __shared__ MlaTileState s;
+  constexpr int kWarps = kMlaBlockThreads / 32;
+  const int64_t left = a.tokens - first;
+  const int count = static_cast<int>(left < kMlaTileTokens ? left : kMlaTileTokens);
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  MlaLatentRow<T, N, kL> r;
+  if (warp < count) mla_latent_load<T, C, N, kL, kR>(a, g, first + warp, r);
+  stage_mla_tile(a, first, count, s);
+  for (int i = warp; i < count; i += kWarps) {
+    MlaLatentRow<T, N, kL> next;
+    if (i + kWarps < count) mla_latent_load<T, C, N, kL, kR>(a, g, first + i + kWarps, next);
+    mla_latent_store<T, C, N, kL, kR>(a, g, first + i, r, s.slot[i]);
+    r = next;
   }
 }
 
@@ -116,7 +208,7 @@ __device__ __forceinline__ void mla_query_row(const MlaArgs<T, C>& a, const MlaG
   const bool fp8 = a.q_rot8.data != nullptr;
   StoreScale scale;
   if (fp8 && a.q_scale != nullptr) scale = store_scale(*a.q_scale);
-  const unsigned char* table = static_cast<const unsigned char*>(a.table) + position * mla_table_bytes(a);
+  const unsigned char* table = mla_table_row(a, position);
   const T* q_pe = a.q_pe.row(token, j);
   for (int u = lane; u < rot_units; u += lanes) {
     const UnitPlace pl = unit_place<N>(a.style, R, R, rot_units, u);
@@ -138,28 +230,26 @@ __device__ __forceinline__ void mla_query_row(const MlaArgs<T, C>& a, const MlaG
   }
 }
 
-//! The MLA append: g.token_warps warps a token (plan.cuh). Warp 0 of a token takes its latent row (and the error
-//! flag), warp w > 0 query rows [(w - 1) 32 / q_lanes, w 32 / q_lanes). Each warp reads its token's position
-//! once; the latent warp its slot. N: elements a chunk (16 bytes of T, or 1); kL, kR: L and R compiled in (0:
-//! read at run time).
+//! The MLA append: blocks [0, g.latent_blocks) a latent tile each; the warps of the blocks after them query rows,
+//! g.query_warps warps a token (plan.cuh), each reading its token's position once. N: elements a chunk (16 bytes
+//! of T, or 1); kL, kR: L and R compiled in (0: read at run time).
 template <typename T, typename C, int N, int kL, int kR>
 __global__ void __launch_bounds__(kMlaBlockThreads) mla_append_kernel(const MlaArgs<T, C> a, const MlaGeometry g) {
   wait_for_prior_grids();  // (enable_pdl: the kernel before may still be writing q, kv_c, k_pe)
   allow_dependent_grids();
-  const uint32_t warp = blockIdx.x * (kMlaBlockThreads / 32) + threadIdx.x / 32;
-  const int64_t token = g.div_token_warps.div32(warp);
-  if (token >= a.tokens) return;  // (the whole warp)
-  const int sub = static_cast<int>(warp - static_cast<uint32_t>(token) * g.div_token_warps.divisor);
-  const RawIndex raw = load_raw_index(a.positions, a.positions_are_int64, token);
-  if (sub == 0) {
-    const int64_t slot = a.slots[token];
-    mla_latent_row<T, C, N, kL, kR>(a, g, token, mla_position(a, raw), slot);
+  if (static_cast<int>(blockIdx.x) < g.latent_blocks) {  // (the whole block)
+    mla_latent_tile<T, C, N, kL, kR>(a, g, int64_t{blockIdx.x} * kMlaTileTokens);
     return;
   }
+  const uint32_t warp = (blockIdx.x - g.latent_blocks) * (kMlaBlockThreads / 32) + threadIdx.x / 32;
+  const int64_t token = g.div_query_warps.div32(warp);
+  if (token >= a.tokens) return;  // (the whole warp)
+  const int sub = static_cast<int>(warp - static_cast<uint32_t>(token) * g.div_query_warps.divisor);
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int j = (sub - 1) * (32 / g.q_lanes) + lane / g.q_lanes;
-  const int64_t position = mla_position(a, raw);
-  if (position < 0 || j >= a.q_heads) return;
+  const int j = sub * (32 / g.q_lanes) + lane / g.q_lanes;
+  if (j >= a.q_heads) return;
+  const int64_t position = mla_position(a, load_raw_index(a.positions, a.positions_are_int64, token));
+  if (position < 0) return;
   mla_query_row<T, C, N, kR>(a, g, token, position, j, lane & (g.q_lanes - 1));
 }
 

@@ -104,16 +104,18 @@ void plan_mla_geometry(const MlaArgs<T, C>& a, int n, MlaGeometry& g, MlaPlan& p
   g.latent_chunks = static_cast<int>(a.latent_dim / n);
   g.q_lanes = append_lanes(g.rot_units);
   const int64_t rows_per_warp = 32 / g.q_lanes;
-  g.token_warps = static_cast<int>(1 + (a.q_heads + rows_per_warp - 1) / rows_per_warp);
-  g.div_token_warps = FastDivmod(static_cast<uint32_t>(g.token_warps));
+  g.query_warps = static_cast<int>((a.q_heads + rows_per_warp - 1) / rows_per_warp);
+  g.div_query_warps = FastDivmod(static_cast<uint32_t>(std::max(g.query_warps, 1)));
+  g.latent_blocks = static_cast<int>((a.tokens + kMlaTileTokens - 1) / kMlaTileTokens);
   constexpr int kWarps = kMlaBlockThreads / 32;
   plan.launched = true;
   plan.vec_width = n;
   plan.fixed_dims = mla_fixed_dims(a, n);
   plan.q_lanes = g.q_lanes;
-  plan.token_warps = g.token_warps;
+  plan.query_warps = g.query_warps;
+  plan.latent_blocks = g.latent_blocks;
   plan.block = kMlaBlockThreads;
-  plan.grid = static_cast<int>((a.tokens * g.token_warps + kWarps - 1) / kWarps);
+  plan.grid = g.latent_blocks + static_cast<int>((a.tokens * g.query_warps + kWarps - 1) / kWarps);
 }
 
 }  // namespace kvrope::detail

@@ -83,7 +83,7 @@ Status check_mla_sizes(const MlaAppendParams<T, C, Pos>& p) {
   if (p.page_size > kMaxRows) return fail(StatusCode::kTooLarge, "page_size");
   if (static_cast<double>(p.num_pages) * static_cast<double>(p.page_size) > 0x1p62)
     return fail(StatusCode::kTooLarge, "num_pages");
-  // Warps are numbered in 32 bits inside the kernel: at most T (Hq + 1) of them, rounded up to a block.
+  // Warps are numbered in 32 bits inside the kernel: fewer than T (Hq + 1) of them, rounded up to a block.
   if (static_cast<double>(p.tokens) * static_cast<double>(p.query_heads + 1) > static_cast<double>(kMaxRows - 3))
     return fail(StatusCode::kTooLarge, "tokens");
   if (p.cos_sin_cache != nullptr && p.cos_sin_cache_f32 != nullptr)
