@@ -253,6 +253,24 @@ TEMPLATE_TEST_CASE("mla append matches the float64 reference: shapes, layouts, q
         }
 }
 
+TEST_CASE("mla append: latent tiles of 32 tokens, slots repeated within and across tiles", "[gpu][mla][slots]") {
+  // Token counts around the tile's 32 and far past it, so that a slot's last writer is in the same tile, a
+  // later one, or many tiles later; every slot pattern, decode (T = 1, 2) included.
+  uint64_t seed = 700;
+  for (const int64_t tokens : {1, 2, 31, 32, 33, 64, 65, 97, 300, 1000})
+    for (const MlaSlots slots : kSlots) {
+      MlaConfig c;
+      c.seed = seed++;
+      set_shape(c, kShapes[0]);
+      c.tokens = tokens;
+      c.slots = slots;
+      c.split = c.seed % 2 == 0;
+      c.page_size = c.seed % 3 == 0 ? 1 : 16;
+      run_case<__nv_bfloat16, __nv_bfloat16>(c);
+      run_case<__nv_bfloat16, __nv_fp8_e4m3>(c);
+    }
+}
+
 TEMPLATE_TEST_CASE("mla append into fp8 caches: e4m3 and e5m2, kv_scale or none, saturation, every q output",
                    "[gpu][mla][fp8]", __nv_bfloat16, __half, float) {
   using T = TestType;
