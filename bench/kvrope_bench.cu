@@ -151,6 +151,20 @@ int main(int argc, char** argv) {
     run.table = read_cases(run.options.cases_csv);
     run.cases = select_cases(run.table, run.options);
   }
+  if (run.options.list_cases) {  // no device needed
+    if (serve) {
+      print_append_case_list(run.options, run.append_cases);
+    } else {
+      std::printf("%s: %zu case(s) of %s\n%4s %4s %4s %6s %6s %7s %6s %8s\n", suite_name(run.options.suite),
+                  run.cases.size(), run.options.cases_csv.c_str(), "case", "H", "D", "B", "S", "S_max", "dtype", "pos");
+      for (const LeaderboardCase& lc : run.cases)
+        std::printf("%4d %4lld %4lld %6lld %6lld %7lld %6s %8s\n", lc.id, static_cast<long long>(lc.heads),
+                    static_cast<long long>(lc.head_dim), static_cast<long long>(lc.batch),
+                    static_cast<long long>(lc.seq_len), static_cast<long long>(lc.cache_len),
+                    dtype_of(lc, run.options).c_str(), positions_of(lc, run.options).c_str());
+    }
+    return 0;
+  }
 
   int devices = 0;
   const cudaError_t err = cudaGetDeviceCount(&devices);

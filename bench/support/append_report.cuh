@@ -384,6 +384,26 @@ inline void print_append_summary(const Run& run, const AppendSummary& s) {
   print_append_groups(run);
 }
 
+// --list_cases on a serve suite: the selected cases, one a line, with the bytes their floors count (k read
+// only, and k written back) and their group; no device needed.
+inline void print_append_case_list(const Options& o, const std::vector<AppendCase>& cases) {
+  std::printf("%s: %zu case(s); bytes: what the floor counts, k read only and k written back (kvrope_kip, naive)\n",
+              suite_name(o.suite), cases.size());
+  std::printf("%4s %9s %4s %3s %4s %11s %4s %7s %12s %12s  %s\n", "case", "shape", "Hq", "H", "D", "cache", "lay",
+              "tokens", "bytes", "bytes_kip", "group");
+  for (const AppendCase& c : cases) {
+    std::string group = append_group_name(c.group());
+    if (c.mrope) group += " (twin " + std::to_string(c.twin) + ")";
+    if (c.mla)
+      group += " (L " + std::to_string(c.latent_dim) + ", R " + std::to_string(c.rotary_dim()) + ", N " +
+               std::to_string(c.nope_dim) + (c.query_fp8 ? ", q to fp8 with q_nope" : ", q_pe in place") + ")";
+    std::printf("%4d %9s %4lld %3lld %4lld %11s %4s %7lld %12.0f %12.0f  %s\n", c.id, c.shape().c_str(),
+                static_cast<long long>(c.query_heads), static_cast<long long>(c.heads),
+                static_cast<long long>(c.head_dim), c.cache_label(), append_layout_name(c.layout),
+                static_cast<long long>(c.tokens()), append_bytes(c, false), append_bytes(c, true), group.c_str());
+  }
+}
+
 // The --kvrope_json file of a serve suite: device, config, calibration, cases[] with every per-call time,
 // geomean, arithmetic_mean.
 inline void write_append_json(const Run& run, const AppendSummary& s, const std::string& path) {
