@@ -28,13 +28,21 @@ Timed, where each applies:
   NVFP4: kv_cache_dtype="nvfp4" with the block scales; mRoPE cases (cache "bf16+mrope", decode 97-120,
   prefill 65-80: the bf16 cases with positions [3, T], sections {16, 24, 24}): mrope_section, where
   rope_append_ takes it. FlashInfer has no mRoPE kernel: its columns are empty there.
+- on the MLA cases (cache "mla_bf16", "mla_fp8+q8", layout "L+R", decode ids 121-144, prefill 81-96: the same
+  shapes at Hq 16 and 128, L 512, R 64, interleaved; one cache [pages, P, L + R], FlashInfer's ckv and kpe views of
+  it): FlashInfer's pair apply_rope_with_cos_sin_cache_inplace (q_pe and k_pe in place) then
+  append_paged_mla_kv_cache (bf16, column "FI r+a"), its fused rope_quantize_fp8_append_paged_kv_cache in MLA
+  mode (k_rope 2-D, v None: q_nope [T, Hq, 512] and RoPE(q_pe) to fp8, kv_c and RoPE(k_pe) to the fp8 cache;
+  column "FI fp8"), and kvrope_torch.mla_append_ (q_pe in place; or q_nope and RoPE(q_pe) to an fp8 query_out),
+  where the package has it (the MLA op of python/), else that column is left out with the reason printed.
 
 Protocol (docs/benchmarks.md): before each call the L2 is flushed (a buffer of twice the L2 written) and the
 device synchronized; a call's time is its kernels' span (first start to last end) from CUPTI through
 torch.profiler; median of --iters calls. A small ragged case is first checked against a PyTorch reference for
 every method, layout and cache type (NVFP4: kvrope's codes and block scales bit for bit what FlashInfer's
-quantizer writes from the same rotated k and v, and the FlashInfer pair's too). On the GPU machine (no
-downloads), from the repository root:
+quantizer writes from the same rotated k and v, and the FlashInfer pair's too; MLA: each method against an
+interleaved PyTorch RoPE, then FlashInfer's outputs against kvrope's, the elements that differ counted). On the GPU
+machine (no downloads), from the repository root:
 
     source dev/scripts/flashinfer_setup.sh && python3 bench/flashinfer_compare.py [--iters 50] [--json out.json]
 
@@ -68,6 +76,12 @@ FP8 = torch.float8_e4m3fn
 NVFP4_BLOCK = 16  # an e4m3 block scale a block of 16 values along D
 FP8_MAX = 448.0
 DEVICE = "cuda"
+# The MLA cases (append_cases.hpp's kMla*): L = 512, R = 64 (interleaved pairs), Hq 16 and 128; q [T, Hq, N + R]
+# with N = 128 (bf16 cases: q_pe rotated in place) or N = L = 512 (q-fp8 cases: q_nope absorbed, written whole to
+# fp8 with RoPE(q_pe)); the fp8 latent cache's scale; one cache [pages, P, L + R] (vLLM's layout, "L+R").
+MLA_QUERY_HEADS = (16, 128)
+MLA_LATENT, MLA_ROTARY, MLA_NOPE, MLA_NOPE_FP8 = 512, 64, 128, 512
+MLA_KV_SCALE = 0.015
 
 
 # --- the cases, as bench/support/append_cases.hpp makes them -----------------------------------------------
@@ -93,7 +107,8 @@ def case_table(decode, heads=8, head_dim=128, page_size=16):
     """Every case of a serve suite, numbered from 1: shapes, then Hq, the cache, the layout; then every
     fp8-cache case again with q written in fp8 (q8: decode 49-72, prefill 33-48); then the bf16 cases' shapes
     with NVFP4 caches (decode 73-96, prefill 49-64); then every bf16 case again with mRoPE positions (mrope,
-    twin its id: decode 97-120, prefill 65-80), as append_case_table."""
+    twin its id: decode 97-120, prefill 65-80); then the MLA cases (mla: shapes, Hq 16 and 128, bf16 and fp8
+    with q in fp8: decode 121-144, prefill 81-96), as append_case_table."""
     shapes = [(b, 1) for b in DECODE_BATCHES] if decode else list(PREFILL_SHAPES)
     cases = []
     for seqs, length in shapes:
@@ -114,17 +129,30 @@ def case_table(decode, heads=8, head_dim=128, page_size=16):
         cases.append(dict(c, id=len(cases) + 1, cache="nvfp4"))
     for c in bf16_cases:
         cases.append(dict(c, id=len(cases) + 1, mrope=True, twin=c["id"]))
+    for seqs, length in shapes:
+        for hq in MLA_QUERY_HEADS:
+            for fp8 in (False, True):
+                s_max = -(-length // page_size) * page_size if length > S_MAX else S_MAX
+                cases.append(dict(id=len(cases) + 1, decode=decode, seqs=seqs, tokens_per_seq=length, s_max=s_max,
+                                  hq=hq, h=1, d=MLA_ROTARY, page_size=page_size, max_position=s_max,
+                                  cache="fp8_e4m3" if fp8 else "bf16", layout="L+R", q8=fp8, mrope=False, twin=0,
+                                  mla=True, latent=MLA_LATENT, nope=MLA_NOPE_FP8 if fp8 else MLA_NOPE))
     return cases
 
 
 def cache_label(c):
     """The cache column: the cache's type, "+q8" where q is written in fp8 too, "+mrope" with mRoPE positions
-    (append_cache_label)."""
+    (append_cache_label); the MLA cases "mla_bf16", "mla_fp8+q8" (AppendCase::cache_label)."""
+    if c.get("mla"):
+        return "mla_fp8+q8" if c["q8"] else "mla_bf16"
     return c["cache"] + ("+q8" if c.get("q8") else "") + ("+mrope" if c.get("mrope") else "")
 
 
 def group(c):
-    """The case's group (AppendCase::group): "nvfp4", "mrope", or "base" (the cases the means always covered)."""
+    """The case's group (AppendCase::group): "mla", "nvfp4", "mrope", or "base" (the cases the means always
+    covered)."""
+    if c.get("mla"):
+        return "mla"
     return "nvfp4" if c["cache"] == "nvfp4" else "mrope" if c.get("mrope") else "base"
 
 
@@ -146,7 +174,9 @@ def shape_name(c):
 
 def case_bytes(c, key_written=False):
     """append_cases.hpp's append_bytes: q read and written (in 1 byte for the q-fp8 cases), k and v read, the
-    cache rows, a table row, the position and the slot, a token."""
+    cache rows, a table row, the position and the slot, a token; the MLA cases' mla_bytes (mla_case_bytes)."""
+    if c.get("mla"):
+        return mla_case_bytes(c)
     hq, h, d = c["hq"], c["h"], c["d"]
     ce = 2 if c["cache"] == "bf16" else 1
     qe = 1 if c.get("q8") else 2
@@ -154,6 +184,16 @@ def case_bytes(c, key_written=False):
     per_token = ((2 + qe) * hq * d + 2 * 2 * h * d + rows + 4 * d + 16 + (16 if c.get("mrope") else 0) +
                  (2 * h * d if key_written else 0))
     return per_token * c["seqs"] * c["tokens_per_seq"]
+
+
+def mla_case_bytes(c):
+    """append_cases.hpp's mla_bytes, a token: q_pe read (2 Hq R); q_pe written in place (2 Hq R, bf16 cases) or
+    q_nope read and the rows written in fp8 (2 Hq N + Hq (N + R), q-fp8 cases); kv_c and k_pe read (2 (L + R)); the
+    latent row written (L + R in the cache's element); a table row (4 R); the position and the slot (16)."""
+    hq, n, r, l = c["hq"], c["nope"], c["d"], c["latent"]
+    ce = 1 if c["q8"] else 2
+    q = 2 * hq * r + (2 * hq * n + hq * (n + r) if c["q8"] else 2 * hq * r)
+    return (q + 2 * (l + r) + ce * (l + r) + 4 * r + 16) * c["seqs"] * c["tokens_per_seq"]
 
 
 def append_tokens(c, seed):
@@ -188,7 +228,8 @@ class Problem:
     """One case's tensors, shared by its methods: qkv and its views, the caches, and each API's metadata
     built from the one page table (kvrope: positions and slots; FlashInfer: batch_indices, positions,
     kv_indptr / kv_indices / kv_last_page_len over each sequence's pages in use, and for the Cake kernel
-    seq_lens, q_indptr and the dense page table)."""
+    seq_lens, q_indptr and the dense page table). An MLA case has q [T, Hq, N + R] and kv [T, L + R] (kv_c, k_pe)
+    instead of qkv, one cache [pages, P, L + R] (FlashInfer's ckv and kpe: views of it) and out_q8 [T, Hq, N + R]."""
 
     def __init__(self, c, tokens, table, zero_caches=False, seed=0):
         page_table, positions, slots, starts, lengths = tokens
@@ -198,7 +239,12 @@ class Problem:
         self.B = b = len(lengths)
         cuda = dict(device=DEVICE)
         torch.manual_seed(seed)
-        self.qkv = torch.randn(t, (hq + 2 * h) * d, dtype=torch.bfloat16, **cuda)
+        self.mla = bool(c.get("mla"))
+        if self.mla:  # q [T, Hq, N + R], kv [T, L + R]
+            self.q = torch.randn(t, hq, c["nope"] + d, dtype=torch.bfloat16, **cuda)
+            self.kv = torch.randn(t, c["latent"] + d, dtype=torch.bfloat16, **cuda)
+        else:
+            self.qkv = torch.randn(t, (hq + 2 * h) * d, dtype=torch.bfloat16, **cuda)
         self.table = table
         self.positions = torch.tensor(positions, dtype=torch.int64, **cuda)
         # mRoPE: [3, T] (kvrope's positions there); FlashInfer's metadata below reads the twin's positions.
@@ -212,7 +258,14 @@ class Problem:
         shape = (pages, p, h, row) if c["layout"] == "NHD" else (pages, h, p, row)
         dtype = torch.bfloat16 if c["cache"] == "bf16" else torch.uint8 if nvfp4 else FP8
         make = torch.zeros if zero_caches else torch.empty
-        self.kc, self.vc = make(shape, dtype=dtype, **cuda), make(shape, dtype=dtype, **cuda)
+        if self.mla:  # one cache [pages, P, L + R]; no k and v caches
+            shape = (pages, p, c["latent"] + d)
+            self.kc = self.vc = None
+            self.cache = make(shape, dtype=dtype, **cuda)
+            self.ckv, self.kpe = self.cache[..., :c["latent"]], self.cache[..., c["latent"]:]
+            self.kv_scale = torch.tensor([MLA_KV_SCALE], dtype=torch.float32, **cuda)
+        else:
+            self.kc, self.vc = make(shape, dtype=dtype, **cuda), make(shape, dtype=dtype, **cuda)
         self.ksf = self.vsf = None
         if nvfp4:
             sf_shape = shape[:-1] + (d // NVFP4_BLOCK,)
@@ -233,6 +286,27 @@ class Problem:
         self.page_indices = torch.tensor(page_table, **i32)
         self.out_q = torch.empty(t, hq, d, dtype=torch.bfloat16, **cuda)
         self.out_q8 = torch.empty(t, hq, d, dtype=FP8, **cuda)
+        if self.mla:  # q [T, Hq, N + R] in fp8 (q-fp8 cases)
+            self.out_q = None
+            self.out_q8 = make(t, hq, c["nope"] + d, dtype=FP8, **cuda)
+
+    def mla_views(self):
+        """An MLA case's q_nope [T, Hq, N], q_pe [T, Hq, R] (views of q), kv_c [T, L], k_pe [T, R] (of kv)."""
+        n, l = self.c["nope"], self.c["latent"]
+        return self.q[..., :n], self.q[..., n:], self.kv[:, :l], self.kv[:, l:]
+
+    def mla_rows(self):
+        """The cache's rows of the tokens' slots, [T, L + R] (bits read as integers, viewed back)."""
+        bits = self.cache.view(torch.uint8 if self.cache.element_size() == 1 else torch.int16)
+        return bits.reshape(-1, self.cache.shape[-1])[self.slots].view(self.cache.dtype)
+
+    def mla_other_rows_nonzero(self):
+        """Elements of the cache's rows no token names that are not zero (the cache starts zeroed)."""
+        bits = self.cache.view(torch.uint8 if self.cache.element_size() == 1 else torch.int16)
+        bits = bits.reshape(-1, self.cache.shape[-1])
+        mask = torch.ones(bits.shape[0], dtype=torch.bool, device=bits.device)
+        mask[self.slots] = False
+        return int((bits[mask] != 0).sum().item())
 
     def views(self):
         hq, h, d = self.c["hq"], self.c["h"], self.c["d"]
@@ -401,10 +475,75 @@ def kvrope_writes_q8(kv):
         return False
 
 
+MLA_KWARGS = ("query_nope", "query_out", "kv_scale", "q_scale", "style")
+
+
+def kvrope_mla(kv):
+    """The package's MLA append, kvrope_torch.mla_append_(query_pe, kv_c, k_pe, positions, cos_sin_cache,
+    latent_cache, slot_mapping, *, query_nope, query_out, kv_scale, q_scale, style, ...), as (function, None), or
+    (None, why) where the package lacks it or one of those keywords (the MLA cases' kvrope column is then left
+    out)."""
+    f = getattr(kv, "mla_append_", None) if kv is not None else None
+    if f is None:
+        return None, "kvrope_torch has no mla_append_"
+    try:
+        params = inspect.signature(f).parameters
+    except (TypeError, ValueError):
+        return f, None
+    missing = [name for name in MLA_KWARGS if name not in params]
+    return (None, f"kvrope_torch.mla_append_ takes no {', '.join(missing)}") if missing else (f, None)
+
+
+def mla_methods(pr, fi, kv):
+    """An MLA case's calls, as methods gives them (callable, where q goes, whether k_pe is rotated in place, the
+    fp8 scales (kv_c, k_pe, q)); every one writes the one cache [pages, P, L + R] (FlashInfer's ckv and kpe:
+    views of it; its kernels take the strides):
+    - bf16: FlashInfer's pair (column FI r+a) apply_rope_with_cos_sin_cache_inplace (q_pe and k_pe in place,
+      interleaved) then append_paged_mla_kv_cache (kv_c and the rotated k_pe);
+    - q-fp8: its fused rope_quantize_fp8_append_paged_kv_cache in MLA mode (column FI fp8: k_rope 2-D, v None,
+      paged_kv_cache (ckv, kpe)), q_rope_out and q_nope_out views of out_q8, scales 1 / the cases' (it
+      multiplies, kvrope divides);
+    - kvrope: mla_append_ (q_pe in place; q-fp8: query_nope and query_out = out_q8, kv_scale, q_scale)."""
+    c = pr.c
+    q_nope, q_pe, kv_c, k_pe = pr.mla_views()
+    n, r = c["nope"], c["d"]
+    scales = (MLA_KV_SCALE, MLA_KV_SCALE, QUERY_SCALE)
+    out = {}
+    if fi.rope is not None and fi.page is not None:
+        if c["q8"]:
+            fused8 = fi.rope.rope_quantize_fp8_append_paged_kv_cache
+            out["fi_fp8"] = (lambda: fused8(q_pe, k_pe, q_nope, kv_c, None, pr.table, pr.positions, (pr.ckv, pr.kpe),
+                                            pr.kv_indices, pr.kv_indptr, pr.batch_indices, pr.positions32,
+                                            is_neox=False, quantize_dtype=FP8, quant_scale_q=1.0 / QUERY_SCALE,
+                                            quant_scale_kv=1.0 / MLA_KV_SCALE, page_size=c["page_size"],
+                                            q_rope_out=pr.out_q8[..., n:], q_nope_out=pr.out_q8[..., :n]),
+                             "out_q8", False, scales)
+        else:
+            rope_inplace = fi.rope.apply_rope_with_cos_sin_cache_inplace
+            append = fi.page.append_paged_mla_kv_cache
+
+            def two_launches():
+                rope_inplace(pr.positions, q_pe, k_pe, r, pr.table, is_neox=False)
+                append(kv_c, k_pe, pr.batch_indices, pr.positions32, pr.ckv, pr.kpe, pr.kv_indices, pr.kv_indptr,
+                       pr.kv_last_page_len)
+
+            out["fi_two"] = (two_launches, "q", True, None)
+    mla_append, _ = kvrope_mla(kv)
+    if mla_append is not None:
+        extra = dict(query_nope=q_nope, query_out=pr.out_q8, kv_scale=pr.kv_scale, q_scale=pr.q_scale) \
+            if c["q8"] else {}
+        out["kvrope"] = (lambda: mla_append(q_pe, kv_c, k_pe, pr.positions, pr.table, pr.cache, pr.slots,
+                                            style="interleaved", **extra),
+                         "out_q8" if c["q8"] else "q", False, scales)
+    return out
+
+
 def methods(pr, fi, kv):
     """The calls that apply to a case, by name: (callable, where q goes, whether k is rotated in place,
-    the fp8 scales (k, v, q) the cache rows and an fp8 q get)."""
+    the fp8 scales (k, v, q) the cache rows and an fp8 q get). MLA cases: mla_methods."""
     c = pr.c
+    if c.get("mla"):
+        return mla_methods(pr, fi, kv)
     q, k, v = pr.views()
     hq, h, d, layout = c["hq"], c["h"], c["d"], c["layout"]
     fp8 = c["cache"] == "fp8_e4m3"
@@ -493,6 +632,19 @@ def rope_ref(x, table, positions, sections=None):
     x = x.float()
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def rope_ref_interleaved(x, table, positions):
+    """RoPE of x [T, n, R] or [T, R] with interleaved pairs (2i, 2i + 1) (DeepSeek's), in fp32 from the table cache
+    rows of positions [T] (cos | sin, pair i at column i)."""
+    half = x.shape[-1] // 2
+    cs = table[positions]
+    c, s = cs[:, :half], cs[:, half:]
+    if x.dim() == 3:
+        c, s = c[:, None], s[:, None]
+    x = x.float()
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
 
 
 def to_fp8(x, scale):
@@ -585,7 +737,7 @@ def verify(fi, kv):
                 print(f"verify {name:10s} {cache_label(c):8s} {layout}: {verdict} (ulps: {detail})")
                 del pr
             del probe
-    return failures + verify_nvfp4(fi, kv, tokens, table)
+    return failures + verify_nvfp4(fi, kv, tokens, table) + verify_mla(fi, kv, tokens)
 
 
 def verify_nvfp4(fi, kv, tokens, table):
@@ -656,6 +808,94 @@ def verify_nvfp4(fi, kv, tokens, table):
                   (f"; rotated k elements differing (FlashInfer's rope vs kvrope's): {k_apart}" if k_apart >= 0 else "")
                   + ")")
         del results
+    return failures
+
+
+def verify_mla_case(cache, hq):
+    """The check's small ragged batch (verify_case's tokens) as an MLA case: Hq 16 or 128, L 512, R 64."""
+    q8 = cache != "bf16"
+    return dict(decode=False, seqs=len(VERIFY_LENGTHS), tokens_per_seq=0, rows=sum(VERIFY_LENGTHS),
+                s_max=VERIFY_SMAX, hq=hq, h=1, d=MLA_ROTARY, page_size=16, max_position=S_MAX, cache=cache,
+                layout="L+R", q8=q8, mrope=False, twin=0, mla=True, latent=MLA_LATENT,
+                nope=MLA_NOPE_FP8 if q8 else MLA_NOPE)
+
+
+def verify_mla(fi, kv, tokens):
+    """The MLA methods on verify_case's batch, bf16 and q-fp8, Hq 16 and 128, into zeroed caches, against
+    rope_ref_interleaved: RoPE(q_pe) (bf16 in place; fp8: the code of RoPE(q_pe) / 0.02) and RoPE(k_pe) rows within
+    one unit in the last place of their format; kv_c's rows a copy (fp8: within one code of kv_c / 0.015); q_nope
+    (fp8: its code) likewise; q (q-fp8), kv_c and k_pe (where not rotated in place) unchanged; rows no token names
+    still zero. Then FlashInfer's method against kvrope's on the same inputs: the bytes of the cache (latent and
+    rope parts) and of q's output that differ, and by how much (bf16 kv_c rows must be bit for bit; the fp8 codes
+    may differ by one step where x * (1 / scale) and x / scale, or RoPE(q_pe) in fp32 and rounded to bf16 first,
+    fall on either side of a rounding boundary). Returns the number of disagreements."""
+    table = rope_table(S_MAX, MLA_ROTARY)
+    failures = 0
+    for cache in ("bf16", "fp8_e4m3"):
+        for hq in MLA_QUERY_HEADS:
+            c = verify_mla_case(cache, hq)
+            names = list(methods(Problem(c, tokens, table, zero_caches=True, seed=3), fi, kv))
+            results = {}
+            for name in names:
+                pr = Problem(c, tokens, table, zero_caches=True, seed=3)
+                call, q_where, kip, scales = methods(pr, fi, kv)[name]
+                q_nope0, q_pe0, kv_c0, k_pe0 = (x.clone() for x in pr.mla_views())
+                q_ref = rope_ref_interleaved(q_pe0, table, pr.positions)
+                k_ref = rope_ref_interleaved(k_pe0, table, pr.positions).bfloat16()
+                try:
+                    call()
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001
+                    print(f"verify {name:10s} {cache_label(c):10s} Hq {hq}: FAILED to run: {type(e).__name__}: {e}")
+                    failures += 1
+                    continue
+                q_nope, q_pe, kv_c, k_pe = pr.mla_views()
+                rows, lat = pr.mla_rows(), c["latent"]
+                if c["q8"]:
+                    want_q = torch.cat([to_fp8(q_nope0, scales[2]), to_fp8(q_ref, scales[2])], dim=-1)
+                    found = {"q out": steps(pr.out_q8, want_q), "q in": steps(pr.q, torch.cat([q_nope0, q_pe0], -1))}
+                    want_rows = torch.cat([to_fp8(kv_c0, scales[0]), to_fp8(k_ref, scales[1])], dim=-1)
+                else:
+                    found = {"q_pe": steps(q_pe, q_ref.bfloat16()), "q_nope": steps(q_nope, q_nope0)}
+                    want_rows = torch.cat([kv_c0, k_ref], dim=-1)
+                found.update({"kv_c": steps(kv_c, kv_c0), "k_pe": steps(k_pe, k_ref if kip else k_pe0),
+                              "latent rows": steps(rows[:, :lat], want_rows[:, :lat]),
+                              "rope rows": steps(rows[:, lat:], want_rows[:, lat:])})
+                limit = {"q in": 0, "q_nope": 0, "kv_c": 0, "k_pe": 1 if kip else 0,
+                         "latent rows": 1 if c["q8"] else 0}
+                bad = [f"{key} {val:g}" for key, val in found.items() if val > limit.get(key, 1)]
+                stray = pr.mla_other_rows_nonzero()
+                if stray:
+                    bad.append(f"{stray} elements written outside the tokens' rows")
+                failures += bool(bad)
+                detail = ", ".join(f"{key} {val:g}" for key, val in found.items())
+                verdict = "MISMATCH " + "; ".join(bad) if bad else "ok"
+                print(f"verify {name:10s} {cache_label(c):10s} Hq {hq}: {verdict} (ulps: {detail})")
+                results[name] = pr
+            # FlashInfer's method against kvrope's, output by output.
+            fi_name = "fi_fp8" if c["q8"] else "fi_two"
+            if fi_name in results and "kvrope" in results:
+                a, b, lat = results[fi_name], results["kvrope"], c["latent"]
+                ra, rb = a.mla_rows(), b.mla_rows()
+                parts = {"latent rows": (ra[:, :lat], rb[:, :lat]), "rope rows": (ra[:, lat:], rb[:, lat:])}
+                if c["q8"]:
+                    parts["q out"] = (a.out_q8, b.out_q8)
+                else:
+                    parts["q_pe"] = (a.mla_views()[1], b.mla_views()[1])
+                differ = {}
+                for label, (x, y) in parts.items():
+                    bits = torch.uint8 if x.element_size() == 1 else torch.int16
+                    n = int((x.contiguous().view(bits) != y.contiguous().view(bits)).sum().item())
+                    differ[label] = (n, steps(x, y), x.numel())
+                exact = {"latent rows"} if not c["q8"] else set()  # bf16 kv_c: copies, bit for bit
+                bad = [f"{label}: {n} of {total} differ, by up to {st:g} steps"
+                       for label, (n, st, total) in differ.items() if st > (0 if label in exact else 1)]
+                failures += bool(bad)
+                detail = ", ".join(f"{label} {n} of {total} (max {st:g} steps)"
+                                   for label, (n, st, total) in differ.items())
+                verdict = "MISMATCH " + "; ".join(bad) if bad else "ok"
+                print(f"verify {fi_name} vs kvrope {cache_label(c)} Hq {hq}: {verdict} (elements differing: {detail})")
+            del results
     return failures
 
 
@@ -763,7 +1003,7 @@ def main():
     kv, why = (None, "--no-kvrope") if args.no_kvrope else import_kvrope()
     if why:
         print(f"kvrope: columns left out: {why}")
-    elif not kvrope_writes_q8(kv) and any(c["q8"] for c in cases):
+    elif not kvrope_writes_q8(kv) and any(c["q8"] and group(c) == "base" for c in cases):
         print("kvrope: columns left out on the q-fp8 cases: kvrope_torch.rope_append_ takes no q_scale (no fp8 "
               "query_out); kvrope_bench times them")
     for kw, what in (("key_cache_sf", "NVFP4"), ("mrope_section", "mRoPE")):
@@ -775,6 +1015,16 @@ def main():
               f"{'not timed: ' + how if append is None else 'append through ' + how}")
     if any(group(c) == "mrope" for c in cases):
         print("flashinfer: no mRoPE kernel: its columns are empty on the mRoPE cases (cache bf16+mrope)")
+    if any(group(c) == "mla" for c in cases):
+        _, why_mla = kvrope_mla(kv)
+        if kv is not None and why_mla:
+            print(f"kvrope: columns left out on the MLA cases: {why_mla} (the MLA op of python/; kvrope_bench "
+                  "times them)")
+        print("flashinfer: MLA cases (cache mla_bf16, mla_fp8+q8; L 512, R 64, interleaved; every method writes one "
+              "cache [pages, P, L + R], FlashInfer's ckv and kpe views of it): FI r+a = "
+              "apply_rope_with_cos_sin_cache_inplace (q_pe and k_pe in place) + append_paged_mla_kv_cache; FI fp8 = "
+              "rope_quantize_fp8_append_paged_kv_cache in MLA mode (q_nope and RoPE(q_pe) to fp8, q [T, Hq, 512 + "
+              "64]); kvrope = mla_append_ (q_pe in place; or query_out fp8 with query_nope)")
     if fi.rope is None and kv is None:
         print("nothing to time")
         return 1
@@ -804,12 +1054,14 @@ def main():
         if key not in tokens_of:  # the page table and tokens of a shape, shared by its 8 configurations
             tokens_of.clear()
             tokens_of[key] = append_tokens(c, args.seed)
-        if c["max_position"] not in tables:
-            tables[c["max_position"]] = rope_table(c["max_position"], c["d"])
-        pr = Problem(c, tokens_of[key], tables[c["max_position"]], seed=c["id"])
+        if (c["max_position"], c["d"]) not in tables:  # (the MLA cases' R is 64)
+            tables[(c["max_position"], c["d"])] = rope_table(c["max_position"], c["d"])
+        pr = Problem(c, tokens_of[key], tables[(c["max_position"], c["d"])], seed=c["id"])
         r = dict(suite=c["suite"], case=c["id"], shape=shape_name(c), hq=c["hq"], cache=c["cache"],
                  query_fp8=c["q8"], mrope=c["mrope"], twin=c["twin"], group=group(c), layout=c["layout"],
                  bytes=case_bytes(c), bytes_key_written=case_bytes(c, True))
+        if c.get("mla"):
+            r.update(mla=True, latent_dim=c["latent"], nope_dim=c["nope"], rotary_dim=c["d"])
         for name, (call, _, _, _) in methods(pr, fi, kv).items():
             try:
                 r[name] = clock.span(call, args.iters)
@@ -833,7 +1085,7 @@ def main():
     print()
     summary = {}
     for suite in sorted({r["suite"] for r in results}):
-        # The lines of old over the cases they always covered (group base); the NVFP4 and mRoPE groups after.
+        # The lines of old over the cases they always covered (group base); the NVFP4, mRoPE and MLA groups after.
         rs = [r for r in results if r["suite"] == suite and r["group"] == "base"]
         for label, key in (("kvrope / FlashInfer single launch", "kvrope_over_fi_single"),
                            ("kvrope / FlashInfer rope+append", "kvrope_over_fi_two"),
@@ -865,6 +1117,20 @@ def main():
             summary[f"{suite} mrope {name}_over_ordinary"] = g
             if n:
                 print(f"{suite} bf16+mrope: {name} mrope/ordinary geomean = {g:.3f} (over {n} cases with their twin)")
+        rs = [r for r in results if r["suite"] == suite and r["group"] == "mla"]
+        # The MLA cases (keys and lines only where some ran): each kind against FlashInfer's method doing its work
+        # (bf16: its pair; q-fp8: its fp8 kernel in MLA mode), then each method's geomean.
+        kinds = (("kvrope / FlashInfer rope+mla append (mla_bf16)", "kvrope_over_fi_two", False),
+                 ("kvrope / FlashInfer fp8 kernel in MLA mode (mla_fp8+q8)", "kvrope_over_fi_single", True))
+        for label, key, q8 in kinds if rs else ():
+            g, n = geomean([r[key] for r in rs if r["query_fp8"] == q8])
+            summary[f"{suite} mla {key}"] = g
+            if n:
+                print(f"{suite} mla: {label} geomean = {g:.3f} (over {n} cases)")
+        for name in ("fi_two", "fi_fp8", "kvrope"):
+            g, n = geomean([r.get(name) for r in rs])
+            if n:
+                print(f"{suite} mla: {name} geomean us = {g:.2f} (over {n} cases)")
     if failures:
         print(f"verify: {failures} MISMATCH(ES) (see the verify lines above)")
     if args.json:

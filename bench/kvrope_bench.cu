@@ -4,8 +4,8 @@
 // (support/runner.cuh) times every op's variants; each op's suites are one file: the backward's
 // (--suite=leaderboard and the suite tables: support/backward_suites.cuh), the forward's
 // (--suite=forward|decode|styles: support/forward_suites.cuh) and the serving forward's,
-// kv_cache_rope_append (--suite=serve-decode|serve-prefill: support/append_suites.cuh); their reports in
-// support/*_report.cuh. docs/benchmarks.md describes the protocol, the flags and the output.
+// kv_cache_rope_append and the MLA append (--suite=serve-decode|serve-prefill: support/append_suites.cuh); their
+// reports in support/*_report.cuh. docs/benchmarks.md describes the protocol, the flags and the output.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -60,7 +60,10 @@ void print_header(const Run& run) {
   std::printf("empty kernel: %.3f us (CUPTI median of %d); its CUDA-event time (tracing off): %.2f us\n",
               c.empty_kernel_us, c.empty_calls, c.empty_kernel_event_us);
   if (append_suite(o.suite)) {
-    const AppendCase& c = run.append_cases.front();
+    // H and D of the GQA cases (the MLA cases' are their own, printed below).
+    const auto gqa =
+        std::find_if(run.append_cases.begin(), run.append_cases.end(), [](const AppendCase& sc) { return !sc.mla; });
+    const AppendCase& c = gqa != run.append_cases.end() ? *gqa : run.append_cases.front();
     std::printf(
         "config: suite %s (the serving forward), bf16 q, k, v as views of one qkv [T, (Hq + 2 H) D], H %lld, D %lld, "
         "pages of %lld (NHD and HND, page ids shuffled), positions and slots int64, table cache fp32 [max_position, "
@@ -73,7 +76,7 @@ void print_header(const Run& run) {
         o.flush_reads ? "read (--flush=read: a diagnostic, not the protocol)" : "written");
     // The q-fp8 cases, when selected: what they write besides (append_cases.hpp).
     if (std::any_of(run.append_cases.begin(), run.append_cases.end(),
-                    [](const AppendCase& sc) { return sc.query_fp8; }))
+                    [](const AppendCase& sc) { return sc.query_fp8 && !sc.mla; }))
       std::printf(
           "q-fp8 cases (cache fp8_e4m3+q8): kvrope and kvrope_kip write RoPE(q) to query_out_fp8 [T, Hq, D] in fp8 "
           "e4m3, per-tensor scale %g (a device float), q left as it was; the naive reference runs as on the "
@@ -95,6 +98,16 @@ void print_header(const Run& run) {
           "mRoPE cases (cache bf16+mrope): the bf16-cache cases with positions [3, T] and contiguous sections "
           "{16, 24, 24} (at D = 128); the naive reference does not run on them (it has no mRoPE): checked against "
           "the float64 reference instead\n");
+    if (any(AppendGroup::kMla))
+      std::printf(
+          "mla cases (cache mla_bf16, mla_fp8+q8; layout L+R): mla_append, L %lld, R %lld, interleaved, one cache "
+          "[pages, P, L + R] (vLLM's concat_and_cache_mla layout), kv_c and k_pe views of one [T, L + R]; mla_bf16: "
+          "q [T, Hq, %lld + R], q_pe rotated in place; mla_fp8+q8: q [T, Hq, %lld + R] to query_out_fp8 whole "
+          "(q_nope copied), scale %g, the cache in fp8 e4m3, scale %g; kvrope only: checked against the float64 "
+          "reference\n",
+          static_cast<long long>(kMlaLatentDim), static_cast<long long>(kMlaRotaryDim),
+          static_cast<long long>(kMlaNopeDim), static_cast<long long>(kMlaNopeDimFp8),
+          static_cast<double>(kAppendQueryScale), static_cast<double>(kMlaKvScale));
     std::printf("\n");
     std::fflush(stdout);
     return;
@@ -138,6 +151,20 @@ int main(int argc, char** argv) {
     run.table = read_cases(run.options.cases_csv);
     run.cases = select_cases(run.table, run.options);
   }
+  if (run.options.list_cases) {  // no device needed
+    if (serve) {
+      print_append_case_list(run.options, run.append_cases);
+    } else {
+      std::printf("%s: %zu case(s) of %s\n%4s %4s %4s %6s %6s %7s %6s %8s\n", suite_name(run.options.suite),
+                  run.cases.size(), run.options.cases_csv.c_str(), "case", "H", "D", "B", "S", "S_max", "dtype", "pos");
+      for (const LeaderboardCase& lc : run.cases)
+        std::printf("%4d %4lld %4lld %6lld %6lld %7lld %6s %8s\n", lc.id, static_cast<long long>(lc.heads),
+                    static_cast<long long>(lc.head_dim), static_cast<long long>(lc.batch),
+                    static_cast<long long>(lc.seq_len), static_cast<long long>(lc.cache_len),
+                    dtype_of(lc, run.options).c_str(), positions_of(lc, run.options).c_str());
+    }
+    return 0;
+  }
 
   int devices = 0;
   const cudaError_t err = cudaGetDeviceCount(&devices);
@@ -164,6 +191,7 @@ int main(int argc, char** argv) {
 
   benchmark::AddCustomContext("kvrope_device", run.device.name);
   benchmark::AddCustomContext("kvrope_dtype", dtype_text(run));
+  // (serve suites: the first case's; an MLA case's are its one latent row and R)
   benchmark::AddCustomContext("kvrope_heads", std::to_string(serve ? run.append_cases.front().heads
                                                                    : common_value(run.cases, &LeaderboardCase::heads)));
   benchmark::AddCustomContext(

@@ -1,7 +1,7 @@
 // The serve suites' check, on the device (a decode case's caches are 16 GiB): element-wise distances, in
 // units in the last place of the element's own format, between kv_cache_rope_append's outputs and the naive
 // reference's, and a scan of the whole caches for rows written that no token names; for the cases checked on
-// the host (NVFP4, mRoPE), the scan, the gather of the rows written and the NVFP4 oracle's answers.
+// the host (NVFP4, mRoPE, MLA), the scan, the gather of the rows written and the NVFP4 oracle's answers.
 #pragma once
 
 #include <cstdint>
@@ -165,9 +165,9 @@ __global__ void compare_cache(kvrope::PagedCache<const C> cache, int64_t P, int6
   rest.flush(other);
 }
 
-//! The groups checked against the float64 reference (NVFP4 caches, mRoPE; support/append_case.cuh,
-//! check_reference): every byte of a cache's rows (or of its NVFP4 block scales) that no token writes
-//! (writer[slot] < 0) still holds the fill pattern. `cache` is viewed in bytes (strides in bytes), rows of
+//! The groups checked against the float64 reference (NVFP4 caches, mRoPE: support/append_case.cuh,
+//! check_reference; MLA: support/mla_case.cuh): every byte of a cache's rows (or of its NVFP4 block scales) that no
+//! token writes (writer[slot] < 0) still holds the fill pattern. `cache` is viewed in bytes (strides in bytes), rows of
 //! row_bytes; the index of a bad byte is (slot H + h) row_bytes + b.
 __global__ void compare_untouched_rows(kvrope::PagedCache<const uint8_t> cache, int64_t row_bytes, int64_t P, int64_t H,
                                        int64_t slots, const int* writer, uint8_t pattern, CompareCounts* other) {

@@ -1,12 +1,15 @@
 // The report of a serve suite (--suite=serve-decode|serve-prefill): a per-case table, the geometric and
 // arithmetic means in the other suites' line format (dev/scripts/ab_suites.sh reads "NAME geomean us = X"),
 // the suite's own lines, and the --kvrope_json file. The means cover the cases of AppendGroup::kBase only (bf16
-// and fp8 caches, the q-fp8 cases: the set they have always covered); the NVFP4 and mRoPE cases get lines of
-// their own after them ("nvfp4: ...", "bf16+mrope: ...", "mrope/ordinary geomean = X"), and the JSON's "groups".
+// and fp8 caches, the q-fp8 cases: the set they have always covered); the NVFP4, mRoPE and MLA cases get lines of
+// their own after them ("nvfp4: ...", "bf16+mrope: ...", "mrope/ordinary geomean = X", "mla: ..."), and the
+// JSON's "groups".
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <string>
 #include <utility>
@@ -40,17 +43,20 @@ struct AppendSummary {
 };
 
 inline const char* append_group_name(AppendGroup g) {
-  return g == AppendGroup::kBase ? "base" : g == AppendGroup::kNvfp4 ? "nvfp4" : "bf16+mrope";
+  return g == AppendGroup::kBase    ? "base"
+         : g == AppendGroup::kNvfp4 ? "nvfp4"
+         : g == AppendGroup::kMrope ? "bf16+mrope"
+                                    : "mla";
 }
 
 inline std::string append_config_name(const AppendCase& c) {
   return "Hq " + std::to_string(c.query_heads) + " " + c.cache_label() + " " + append_layout_name(c.layout);
 }
 
-// Whether any case that ran writes q in fp8 (the q-fp8 cases, cache "fp8_e4m3+q8").
+// Whether any case that ran writes q in fp8 (the q-fp8 cases, cache "fp8_e4m3+q8"; the MLA ones have their note).
 inline bool append_any_query_fp8(const Run& run) {
   for (const auto& [id, cr] : run.append_results)
-    if (!cr.variants.empty() && cr.sc.query_fp8) return true;
+    if (!cr.variants.empty() && cr.sc.query_fp8 && !cr.sc.mla) return true;
   return false;
 }
 
@@ -146,7 +152,10 @@ inline AppendSummary summarize_append(const Run& run, AppendGroup group = Append
   return s;
 }
 
-// The NVFP4 and mRoPE groups' notes under the summary's title, when they ran.
+// The groups after the base group, in the order of their lines.
+constexpr AppendGroup kAppendLaterGroups[] = {AppendGroup::kNvfp4, AppendGroup::kMrope, AppendGroup::kMla};
+
+// The NVFP4, mRoPE and MLA groups' notes under the summary's title, when they ran.
 inline void print_append_group_notes(const Run& run) {
   if (append_group_ran(run, AppendGroup::kNvfp4))
     std::printf(
@@ -162,6 +171,16 @@ inline void print_append_group_notes(const Run& run) {
         "at R = 128, Qwen2-VL's); floors count the three positions; no naive variant (it has no mRoPE); checked "
         "against the float64 reference; summarized apart, after the means of the other cases, beside their "
         "twins\n");
+  if (append_group_ran(run, AppendGroup::kMla))
+    std::printf(
+        "mla cases (cache mla_bf16, mla_fp8+q8; layout L+R): mla_append, L %lld, R %lld (interleaved), Hq 16 and 128, "
+        "one cache [pages, P, L + R] (vLLM's); mla_bf16: q [T, Hq, %lld + R], q_pe rotated in place; mla_fp8+q8: q "
+        "[T, Hq, %lld + R] written whole to fp8 (scale %g), the cache in fp8 (scale %g); floors count q_pe (and "
+        "q_nope and the fp8 q) a head, kv_c, k_pe, the latent row, a table row, the position and the slot; kvrope "
+        "only (no kip, naive or pair); checked against the float64 reference; summarized apart\n",
+        static_cast<long long>(kMlaLatentDim), static_cast<long long>(kMlaRotaryDim),
+        static_cast<long long>(kMlaNopeDim), static_cast<long long>(kMlaNopeDimFp8),
+        static_cast<double>(kAppendQueryScale), static_cast<double>(kMlaKvScale));
 }
 
 // Each mRoPE case's time over its twin's (the same case with positions [T]), variant v, where both ran.
@@ -179,7 +198,7 @@ inline Means append_mrope_over_ordinary(const Run& run, AppendVariant v) {
   return m;
 }
 
-// The lines of the NVFP4 and mRoPE groups (after the base group's, which they do not enter), each "NAME: ..."
+// The lines of the NVFP4, mRoPE and MLA groups (after the base group's, which they do not enter), each "NAME: ..."
 // (not the "NAME geomean us = X" of the base lines, which dev/scripts/ab_suites.sh reads), and
 // "mrope/ordinary geomean = X".
 inline void print_append_groups(const Run& run) {
@@ -187,7 +206,7 @@ inline void print_append_groups(const Run& run) {
   const bool decode = o.suite == Suite::kServeDecode;
   const double empty = run.calibration.empty_kernel_us;
   const std::vector<AppendVariant> order = append_variant_order(o);
-  for (const AppendGroup g : {AppendGroup::kNvfp4, AppendGroup::kMrope}) {
+  for (const AppendGroup g : kAppendLaterGroups) {
     if (!append_group_ran(run, g)) continue;
     const AppendSummary s = summarize_append(run, g);
     const std::string name = append_group_name(g);
@@ -204,7 +223,7 @@ inline void print_append_groups(const Run& run) {
     for (AppendVariant v : order)
       if (s.time.count(v)) line(std::string(append_variant_name(v)) + " geomean us", s.time.at(v), "%.2f", s.cases);
     line("kvrope floor geomean us", s.floor, "%.2f", s.cases);
-    line("kvrope_kip floor geomean us", s.floor_kip, "%.2f", s.cases);
+    if (g != AppendGroup::kMla) line("kvrope_kip floor geomean us", s.floor_kip, "%.2f", s.cases);  // MLA: no k
     for (AppendVariant v : order)
       if (s.x_floor.count(v))
         line(std::string(append_variant_name(v)) + "/floor geomean", s.x_floor.at(v), "%.3f", s.cases);
@@ -288,7 +307,8 @@ inline void print_append_summary(const Run& run, const AppendSummary& s) {
                 check);
   }
   if (s.cases == 0) {  // no case of the base group: the other groups' lines, if any ran
-    if (!append_group_ran(run, AppendGroup::kNvfp4) && !append_group_ran(run, AppendGroup::kMrope)) {
+    if (std::none_of(std::begin(kAppendLaterGroups), std::end(kAppendLaterGroups),
+                     [&](AppendGroup g) { return append_group_ran(run, g); })) {
       std::printf("no case ran\n");
       return;
     }
@@ -364,6 +384,26 @@ inline void print_append_summary(const Run& run, const AppendSummary& s) {
   print_append_groups(run);
 }
 
+// --list_cases on a serve suite: the selected cases, one a line, with the bytes their floors count (k read
+// only, and k written back) and their group; no device needed.
+inline void print_append_case_list(const Options& o, const std::vector<AppendCase>& cases) {
+  std::printf("%s: %zu case(s); bytes: what the floor counts, k read only and k written back (kvrope_kip, naive)\n",
+              suite_name(o.suite), cases.size());
+  std::printf("%4s %9s %4s %3s %4s %11s %4s %7s %12s %12s  %s\n", "case", "shape", "Hq", "H", "D", "cache", "lay",
+              "tokens", "bytes", "bytes_kip", "group");
+  for (const AppendCase& c : cases) {
+    std::string group = append_group_name(c.group());
+    if (c.mrope) group += " (twin " + std::to_string(c.twin) + ")";
+    if (c.mla)
+      group += " (L " + std::to_string(c.latent_dim) + ", R " + std::to_string(c.rotary_dim()) + ", N " +
+               std::to_string(c.nope_dim) + (c.query_fp8 ? ", q to fp8 with q_nope" : ", q_pe in place") + ")";
+    std::printf("%4d %9s %4lld %3lld %4lld %11s %4s %7lld %12.0f %12.0f  %s\n", c.id, c.shape().c_str(),
+                static_cast<long long>(c.query_heads), static_cast<long long>(c.heads),
+                static_cast<long long>(c.head_dim), c.cache_label(), append_layout_name(c.layout),
+                static_cast<long long>(c.tokens()), append_bytes(c, false), append_bytes(c, true), group.c_str());
+  }
+}
+
 // The --kvrope_json file of a serve suite: device, config, calibration, cases[] with every per-call time,
 // geomean, arithmetic_mean.
 inline void write_append_json(const Run& run, const AppendSummary& s, const std::string& path) {
@@ -394,13 +434,21 @@ inline void write_append_json(const Run& run, const AppendSummary& s, const std:
     const AppendCase& c = cr.sc;
     j += first_case ? "\n" : ",\n";
     first_case = false;
+    // The MLA cases' own members (sizes, cache layout, style, scales), after mRoPE's "twin"; none for the others.
+    const std::string mla_members =
+        c.mla ? ", \"latent_dim\": " + std::to_string(c.latent_dim) + ", \"nope_dim\": " + std::to_string(c.nope_dim) +
+                    ", \"rotary_dim\": " + std::to_string(c.rotary_dim()) +
+                    ", \"cache_layout\": \"[pages, P, L + R]\", \"style\": \"interleaved\", \"kv_scale\": " +
+                    json_number(kMlaKvScale) +
+                    (c.query_fp8 ? ", \"query_scale\": " + json_number(kAppendQueryScale) : std::string())
+              : std::string();
     j += "    {\"case\": " + std::to_string(id) + ", \"shape\": " + json_string(c.shape()) +
          ", \"seqs\": " + std::to_string(c.seqs) + ", \"tokens_per_seq\": " + std::to_string(c.tokens_per_seq) +
          ", \"tokens\": " + std::to_string(c.tokens()) + ", \"s_max\": " + std::to_string(c.s_max) +
          ", \"query_heads\": " + std::to_string(c.query_heads) + ", \"heads\": " + std::to_string(c.heads) +
          ", \"head_dim\": " + std::to_string(c.head_dim) + ", \"cache\": " + json_string(append_cache_name(c.cache)) +
          ", \"query_fp8\": " + json_bool(c.query_fp8) + ", \"mrope\": " + json_bool(c.mrope) +
-         (c.mrope ? ", \"twin\": " + std::to_string(c.twin) : std::string()) +
+         (c.mrope ? ", \"twin\": " + std::to_string(c.twin) : std::string()) + mla_members +
          ", \"group\": " + json_string(append_group_name(c.group())) +
          ", \"layout\": " + json_string(append_layout_name(c.layout)) + ", \"pages\": " + std::to_string(c.pages()) +
          ", \"bytes\": " + json_number(cr.bytes) + ", \"bytes_key_written\": " + json_number(cr.bytes_kip) +
@@ -450,9 +498,9 @@ inline void write_append_json(const Run& run, const AppendSummary& s, const std:
   auto means = [&](bool geo) { return means_of(s, geo); };
   j += "  \"geomean\": " + means(true) + ",\n";
   j += "  \"arithmetic_mean\": " + means(false) + ",\n";
-  // The NVFP4 and mRoPE groups, apart from the means above (which cover the base group only).
+  // The NVFP4, mRoPE and MLA groups, apart from the means above (which cover the base group only).
   std::string groups;
-  for (const AppendGroup g : {AppendGroup::kNvfp4, AppendGroup::kMrope}) {
+  for (const AppendGroup g : kAppendLaterGroups) {
     if (!append_group_ran(run, g)) continue;
     const AppendSummary gs = summarize_append(run, g);
     groups += std::string(groups.empty() ? "" : ", ") + json_string(append_group_name(g)) +

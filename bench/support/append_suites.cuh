@@ -1,6 +1,7 @@
 // The serve suites (--suite=serve-decode|serve-prefill): one Google Benchmark per (case, variant) under the
 // protocol of the other suites (docs/spec.md §5.3), kv_cache_rope_append checked first against the naive two
-// launches (support/append_case.cuh).
+// launches (support/append_case.cuh); the MLA cases time mla_append, checked against the float64 reference
+// (support/mla_case.cuh).
 #pragma once
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 #include "results.cuh"
 #include "append_case.cuh"
 #include "append_cases.hpp"
+#include "mla_case.cuh"
 #include "stats.hpp"
 #include "runner.cuh"
 
@@ -135,6 +137,58 @@ void run_append_variant(benchmark::State& state, Run& run, GpuClock& clock, std:
   cr.variants[variant] = std::move(r);
 }
 
+// The benchmark of an MLA case (AppendCase::mla): mla_append, kvrope's one variant there (nothing to rotate in
+// place besides q_pe, no naive launches, no PDL pair), timed as run_append_variant times the others and checked
+// first against the float64 reference (MlaCaseData::check).
+template <typename T, typename C>
+void run_mla_variant(benchmark::State& state, Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>& slot,
+                     const AppendCase& sc, AppendVariant variant) {
+  const Options& opt = run.options;
+  MlaCaseData<T, C>& data = acquire_case<MlaCaseData<T, C>>(slot, sc, opt, run.device.fill_blocks(), clock.stream());
+  const cudaStream_t stream = clock.stream();
+  const auto params = data.params();
+  kvrope::Status status;
+  auto launch = [&](cudaStream_t st) { status = kvrope::mla_append(params, st); };
+  auto prepare = [](cudaStream_t) {};  // q_pe rotated again each call (bf16), the same rows written
+
+  AppendCaseResult& cr = run.append_results[sc.id];
+  cr.sc = sc;
+  cr.bytes = cr.bytes_kip = cr.bytes_pair = append_bytes(sc, false);
+  cr.floor_us = cr.floor_kip_us = cr.floor_pair_us = run.calibration.floor_us(cr.bytes);
+
+  bool checked = false;
+  std::string label = "unchecked";
+  if (opt.check) {
+    const AppendCheck c = data.check(launch, status, stream);
+    if (!status.ok()) {
+      state.SkipWithError(c.failure.c_str());
+      return;
+    }
+    checked = true;
+    ++cr.checks;
+    const std::string who = std::string(suite_name(opt.suite)) + "/" + append_variant_name(variant) + " case " +
+                            std::to_string(sc.id) + ": ";
+    if (!c.failure.empty()) {
+      std::printf("CHECK FAILED %s%s\n", who.c_str(), c.failure.c_str());
+      if (cr.check_failure.empty()) cr.check_failure = who + c.failure;
+      label = "CHECK FAILED";
+    } else {
+      label = "checked";
+    }
+  }
+
+  VariantResult r;
+  r.checked = checked;
+  auto after = [&]() -> std::string {
+    const int flag = data.read_error_flag(stream);
+    return flag != 0 ? "the call raised error_flag = " + std::to_string(flag) : std::string();
+  };
+  if (!run_timed(state, clock, opt.warmup, prepare, launch, status, "mla_append", after, r)) return;
+  set_time_counters(state, r, cr.bytes, cr.floor_us, sc.decode ? run.calibration.empty_kernel_us : -1);
+  state.SetLabel(label);
+  cr.variants[variant] = std::move(r);
+}
+
 // The cases --cases selects (all by default), in their order, from the suite's table.
 inline std::vector<AppendCase> select_append_cases(const Options& opt) {
   const std::vector<AppendCase> table = append_case_table(opt.suite == Suite::kServeDecode, opt.heads, opt.head_dim);
@@ -150,8 +204,10 @@ inline std::vector<AppendCase> select_append_cases(const Options& opt) {
 }
 
 // Whether a variant runs on a case: the naive two launches have no NVFP4 cache and no mRoPE positions
-// (naive_append.cuh), so not on those groups' cases (the header and the summary say so).
+// (naive_append.cuh), so not on those groups' cases (the header and the summary say so); the MLA cases have
+// one variant, kvrope (mla_append: no k to rotate in place, no naive launches, no PDL pair).
 inline bool append_variant_applies(const AppendCase& sc, AppendVariant v) {
+  if (sc.mla) return v == AppendVariant::kKvrope;
   return v != AppendVariant::kNaive || sc.group() == AppendGroup::kBase;
 }
 
@@ -163,7 +219,11 @@ void register_append_benchmarks(Run& run, GpuClock& clock, std::unique_ptr<CaseD
       if (!append_selected(run.options, v) || !append_variant_applies(sc, v)) continue;
       register_variant(suite_name(run.options.suite), append_variant_name(v), sc.id, run.options.iters,
                        [&run, &clock, &slot, sc, v](benchmark::State& st) {
-                         if (sc.cache == AppendCache::kBf16)
+                         if (sc.mla && sc.cache == AppendCache::kBf16)
+                           run_mla_variant<T, T>(st, run, clock, slot, sc, v);
+                         else if (sc.mla)
+                           run_mla_variant<T, __nv_fp8_e4m3>(st, run, clock, slot, sc, v);
+                         else if (sc.cache == AppendCache::kBf16)
                            run_append_variant<T, T>(st, run, clock, slot, sc, v);
                          else if (sc.cache == AppendCache::kFp8E4m3)
                            run_append_variant<T, __nv_fp8_e4m3>(st, run, clock, slot, sc, v);

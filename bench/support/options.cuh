@@ -184,6 +184,7 @@ struct Options {
   std::string json_path = "kvrope_bench_results.json";
   uint64_t seed = 20261129;
   int64_t host_calls = 2000;  // serve suites: calls of the host-time measurement (0: none)
+  bool list_cases = false;    // --list_cases: print the selected cases and exit (no device needed)
   // The tuning flags given, in order. None: the plain launcher (the device's own policy).
   std::vector<std::pair<const TuningFlag*, double>> tuning;
   bool tuned() const { return !tuning.empty(); }
@@ -285,6 +286,8 @@ inline void print_usage() {
       "  --kvrope_json=PATH          per-case results (default kvrope_bench_results.json)\n"
       "  --host_calls=N              serve suites: the host time of one kv_cache_rope_append call and of an\n"
       "                              empty kernel's launch, median of N calls each (default 2000; 0: skip)\n"
+      "  --list_cases                print the suite's cases (--cases selects) with their bytes and exit; no GPU\n"
+      "                              needed (serve suites: every group, MLA included)\n"
       "Tuning (kvrope::experimental::LaunchPolicy; any of them: the device's default_policy with those fields;\n"
       "leaderboard suite only):\n"
       "  --block=N                   block_threads (fused kernel block)\n"
@@ -398,6 +401,8 @@ inline Options parse_options(int* argc, char** argv) {
     } else if (key == "--host_calls") {
       opt.host_calls = parse_int(arg, value, 0);
       append_only = arg;
+    } else if (key == "--list_cases") {
+      opt.list_cases = true;
     } else if (key == "--kvrope_json") {
       if (value.empty()) bad_option(arg, "expected a path");
       opt.json_path = value;

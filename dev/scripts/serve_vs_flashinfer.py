@@ -8,9 +8,10 @@ each case with FlashInfer's fused bf16 (FI fused), fused fp8 (FI fp8) and rope +
 geomeans and the worst ratios.
 
 The NVFP4 cases (cache nvfp4) are set against FlashInfer's rope + NVFP4 append pair (FI r+fp4, their FI2);
-the mRoPE cases (cache bf16+mrope) against nothing (FlashInfer has no mRoPE kernel). The geomean lines of old
-cover the cases of old (neither NVFP4 nor mRoPE), so that they compare with earlier runs; each new group's
-lines follow, headed "SUITE nvfp4:" or "SUITE mrope:".
+the mRoPE cases (cache bf16+mrope) against nothing (FlashInfer has no mRoPE kernel); the MLA cases (cache mla_bf16,
+mla_fp8+q8) against its rope + append_paged_mla_kv_cache pair (FI r+a) and its fp8 kernel in MLA mode (FI fp8).
+The geomean lines of old cover the cases of old (neither NVFP4, mRoPE nor MLA), so that they compare with earlier
+runs; each new group's lines follow, headed "SUITE nvfp4:", "SUITE mrope:" or "SUITE mla:".
 
 Then, per suite, kvrope against FlashInfer doing the same work (the "same work" lines): its fused bf16 kernel
 on the bf16 cases it applies to (Hq 64 NHD), its fused fp8 kernel on the q-fp8 cases (cache fp8_e4m3+q8: q
@@ -95,7 +96,7 @@ def main(fi_log, *bench_logs):
         name = suite if grp == "base" else f"{suite} {grp}:"
         r1 = [r for _, r, _, _ in rs if r is not None]
         r2 = [r for _, _, r, _ in rs if r is not None]
-        pair = "rope+nvfp4 append" if grp == "nvfp4" else "rope+append"
+        pair = {"nvfp4": "rope+nvfp4 append", "mla": "rope+mla append"}.get(grp, "rope+append")
         if r1:
             print(f"{name} kvrope / FlashInfer single launch geomean = {g(r1):.3f} (over {len(r1)} cases), "
                   f"range {min(r1):.3f}-{max(r1):.3f}")
@@ -118,8 +119,11 @@ def fp4_of(f):
 
 
 def group(f):
-    """A row's group by its cache label: "nvfp4", "mrope" (bf16+mrope), or "base" (the cases of old)."""
+    """A row's group by its cache label: "nvfp4", "mrope" (bf16+mrope), "mla" (mla_bf16, mla_fp8+q8), or "base"
+    (the cases of old)."""
     cache = f.group("cache")
+    if cache.startswith("mla"):
+        return "mla"
     return "nvfp4" if cache == "nvfp4" else "mrope" if cache.endswith("+mrope") else "base"
 
 
@@ -137,10 +141,12 @@ def id_ranges(ids):
 def same_work(f):
     """FlashInfer's launch doing a case's work, as (time, kind), or (None, why): its fused bf16 kernel where
     timed (bf16, Hq 64 NHD), its fused fp8 kernel on the q-fp8 cases, its rope + append pair on the other bf16
-    cases, its rope + NVFP4 append pair on the NVFP4 cases; none for the fp8-cache cases with q in bf16, nor for
-    the mRoPE cases."""
+    cases, its rope + NVFP4 append pair on the NVFP4 cases; MLA: its fp8 kernel in MLA mode (mla_fp8+q8), its rope +
+    MLA append pair (mla_bf16); none for the fp8-cache cases with q in bf16, nor for the mRoPE cases."""
     cache = f.group("cache")
     fused, fp8, two = num(f.group("fused")), num(f.group("fp8")), num(f.group("two"))
+    if cache == "mla_bf16":
+        return two, "rope+mla append"
     if cache.endswith("+q8"):
         return fp8, "fp8 kernel"
     if cache.endswith("+mrope"):
@@ -154,10 +160,10 @@ def same_work(f):
 
 def same_work_summary(out, extra):
     """The "same work" lines (the module docstring), per suite: the cases of old first (the lines of old), then
-    the NVFP4 and mRoPE groups' under their name."""
+    the NVFP4, mRoPE and MLA groups' under their name."""
     print()
     for suite in sorted({o[0] for o in out}):
-        for grp in ("base", "nvfp4", "mrope"):
+        for grp in ("base", "nvfp4", "mrope", "mla"):
             rows = [o for o in out if o[0] == suite and group(o[2]) == grp]
             if rows:
                 same_work_lines(suite if grp == "base" else f"{suite} {grp}:", suite, rows, extra, grp == "base")

@@ -1,8 +1,11 @@
 // Host tests of the benchmark's case tables (bench/*.csv through bench/support/cases.hpp): every suite's
-// table parses with the rows its docs promise, and the position patterns are what their names say.
+// table parses with the rows its docs promise, and the position patterns are what their names say; the serve
+// suites' generated cases (bench/support/append_cases.hpp) come in their groups' id ranges.
 #include <algorithm>
 #include <set>
+#include <string>
 
+#include "append_cases.hpp"
 #include "cases.hpp"
 #include "support/catch.hpp"
 
@@ -65,4 +68,45 @@ TEST_CASE("position patterns: arange, distinct random rows, one run that wraps",
   CHECK(w.front() == Smax - S / 2);
   CHECK(w.back() == S / 2 - 1 + (S % 2));  // past the end: rows 0, 1, ...
   for (int64_t t = 1; t < S; ++t) CHECK(w[t] == (w[t - 1] + 1) % Smax);
+}
+
+TEST_CASE("serve suites: the groups in id order, the MLA cases last with their byte counts", "[host][bench]") {
+  using kvrope_bench::AppendCase;
+  using kvrope_bench::AppendGroup;
+  struct Suite {
+    bool decode;
+    size_t base, nvfp4, mrope, mla;
+  };
+  for (const Suite& s : {Suite{true, 72, 24, 24, 24}, Suite{false, 48, 16, 16, 16}}) {
+    INFO((s.decode ? "serve-decode" : "serve-prefill"));
+    const std::vector<AppendCase> cases = kvrope_bench::append_case_table(s.decode);
+    REQUIRE(cases.size() == s.base + s.nvfp4 + s.mrope + s.mla);
+    const size_t first_mla = s.base + s.nvfp4 + s.mrope;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const AppendCase& c = cases[i];
+      CHECK(c.id == static_cast<int>(i) + 1);
+      const AppendGroup want = i < s.base             ? AppendGroup::kBase
+                               : i < s.base + s.nvfp4 ? AppendGroup::kNvfp4
+                               : i < first_mla        ? AppendGroup::kMrope
+                                                      : AppendGroup::kMla;
+      CHECK(c.group() == want);
+      if (!c.mla) {
+        CHECK((c.heads == 8 && c.head_dim == 128 && c.latent_dim == 0));
+        continue;
+      }
+      // Shapes, then Hq 16 and 128, then bf16 (q_pe in place) and fp8 (q to fp8): 4 cases a shape.
+      const size_t j = i - first_mla;
+      const AppendCase& base = cases[(j / 4) * 8];  // the first case of the shape (8 a shape in the first pass)
+      CHECK((c.seqs == base.seqs && c.tokens_per_seq == base.tokens_per_seq && c.s_max == base.s_max));
+      CHECK(c.query_heads == (j % 4 < 2 ? 16 : 128));
+      CHECK(c.query_fp8 == (j % 2 == 1));
+      CHECK(c.cache == (c.query_fp8 ? kvrope_bench::AppendCache::kFp8E4m3 : kvrope_bench::AppendCache::kBf16));
+      CHECK((c.latent_dim == 512 && c.rotary_dim() == 64 && c.heads == 1));
+      CHECK(c.nope_dim == (c.query_fp8 ? 512 : 128));
+      CHECK(std::string(c.cache_label()) == (c.query_fp8 ? "mla_fp8+q8" : "mla_bf16"));
+      const double per_token = kvrope_bench::append_bytes(c, false) / static_cast<double>(c.tokens());
+      CHECK(per_token == (c.query_heads == 16 ? (c.query_fp8 ? 29648 : 6672) : (c.query_fp8 ? 223184 : 35344)));
+      CHECK(kvrope_bench::append_bytes(c, true) == kvrope_bench::append_bytes(c, false));
+    }
+  }
 }
