@@ -342,11 +342,15 @@ class FlashInfer:
     def __init__(self):
         self.error = None
         self.rope = self.page = self.cake = self.cake_jit = None
-        spec = importlib.util.find_spec("flashinfer")
-        if spec is None or not spec.submodule_search_locations:
-            self.error = "flashinfer is not importable (source dev/scripts/flashinfer_setup.sh first)"
-            return
-        root = list(spec.submodule_search_locations)[0]
+        loaded = sys.modules.get("flashinfer")  # (a FlashInfer made before left its stub, whose __spec__ is None:
+        if loaded is not None and getattr(loaded, "__path__", None):  # find_spec would raise ValueError on it)
+            root = list(loaded.__path__)[0]
+        else:
+            spec = importlib.util.find_spec("flashinfer")
+            if spec is None or not spec.submodule_search_locations:
+                self.error = "flashinfer is not importable (source dev/scripts/flashinfer_setup.sh first)"
+                return
+            root = list(spec.submodule_search_locations)[0]
         for name, path in (("flashinfer", root), ("flashinfer.jit", os.path.join(root, "jit")),
                            ("flashinfer.quantization", os.path.join(root, "quantization"))):
             if name not in sys.modules:

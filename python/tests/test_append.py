@@ -4,6 +4,7 @@ RMSNorm, RoPE of pairs (i, i + R/2) or (2i, 2i + 1) from a table cache (with mRo
 from the row of its stream's position), the paged scatter (last writer wins), fp8 quantization as
 fp8_satfinite(float(x_T) / scale), NVFP4 blocks (reference.nvfp4; and against FlashInfer's own NVFP4
 append where it is installed). CPU tests run everywhere; CUDA tests are skipped without a device."""
+import functools
 import os
 import random
 from dataclasses import dataclass, field, replace
@@ -610,10 +611,12 @@ def test_nvfp4_caches(device, dtype, shape):
         run_and_check(replace(cfg, tokens=1500, max_position=1600, pages=400), device)
 
 
+@functools.lru_cache(maxsize=None)
 def flashinfer_nvfp4_append():
     """FlashInfer's NVFP4 append by slot (0.7.4, flashinfer.page), or None where it is not importable. The
     module is loaded as bench/flashinfer_compare.py loads it (FlashInfer's package __init__ imports kernel
-    families a reduced wheel lacks: stub packages instead); its setup: dev/scripts/flashinfer_setup.sh."""
+    families a reduced wheel lacks: stub packages instead), once a session; its setup:
+    dev/scripts/flashinfer_setup.sh."""
     import importlib.util
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "flashinfer_compare.py")
     try:
