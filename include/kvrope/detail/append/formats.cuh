@@ -23,26 +23,12 @@ struct UnitChunks {
   Vec<T, N> lo, hi;
 };
 
-//! The scale a row is stored with, and its reciprocal for the division (0: divide in full).
+//! The scale a row is stored with (fp8: the divisor; NVFP4: the global scale g).
 struct StoreScale {
-  float scale = 1.0f, inv = 1.0f;
+  float scale = 1.0f;
 };
 
-//! Scales in [2^-100, 2^100] divide through their reciprocal (divide_by_scale), others in full.
-__device__ __forceinline__ StoreScale store_scale(float scale) {
-  return {scale, scale >= 0x1p-100f && scale <= 0x1p100f ? __frcp_rn(scale) : 0.0f};
-}
-
-//! x / s.scale rounded as the IEEE division, in straight-line code (the division is a branchy
-//! subroutine a value, its latency a row's): the product by the correctly rounded reciprocal, corrected
-//! by one FMA (Markstein), equals it when |x| and the product lie in [2^-100, 2^100] (scale in range:
-//! store_scale). False elsewhere (zeros too), where the caller divides.
-__device__ __forceinline__ bool divide_by_scale(float x, const StoreScale& s, float& q) {
-  const float p = __fmul_rn(x, s.inv);
-  q = __fmaf_rn(__fmaf_rn(-p, s.scale, x), s.inv, p);
-  const float ax = fabsf(x), ap = fabsf(p);
-  return ax >= 0x1p-100f && ax <= 0x1p100f && ap >= 0x1p-100f && ap <= 0x1p100f;
-}
+__device__ __forceinline__ StoreScale store_scale(float scale) { return {scale}; }
 
 //! N values of T stored at `dst` as one access in E: E = T as they are; fp8 as
 //! fp8_satfinite(float(x) / scale) (docs/spec.md: the scale divides, in fp32).
@@ -53,18 +39,11 @@ __device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, const St
   } else {
     static_assert(kIsFp8<E>, "kvrope: a row is stored in T or fp8");
     constexpr __nv_fp8_interpretation_t kKind = std::is_same_v<E, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
-    float f[N], q[N];
+    float f[N];
     x.to_float(f);
-    bool fast = true;
-#pragma unroll
-    for (int i = 0; i < N; ++i) fast &= divide_by_scale(f[i], s, q[i]);
-    if (!fast) {
-#pragma unroll
-      for (int i = 0; i < N; ++i) q[i] = f[i] / s.scale;
-    }
     uint8_t bytes[N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) bytes[i] = __nv_cvt_float_to_fp8(q[i], __NV_SATFINITE, kKind);
+    for (int i = 0; i < N; ++i) bytes[i] = __nv_cvt_float_to_fp8(f[i] / s.scale, __NV_SATFINITE, kKind);
     if constexpr (N == 1) {
       *reinterpret_cast<uint8_t*>(dst) = bytes[0];
     } else {

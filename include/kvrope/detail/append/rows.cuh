@@ -80,15 +80,13 @@ struct CallScales {
   StoreScale q, k, v;
 };
 
-//! (Only the instances that store fp8 compute reciprocals: store_scale's is a subroutine call, whose
-//! convention costs every instance registers.)
 template <bool kQ8, typename T, typename C>
 __device__ __forceinline__ CallScales call_scales(const AppendArgs<T, C>& a) {
   CallScales s;
   if constexpr (kQ8) {
     if (a.q_out_fp8.data != nullptr && a.q_scale != nullptr) s.q = store_scale(*a.q_scale);
   }
-  if constexpr (kIsNvfp4<C>) {  // (NVFP4 multiplies by g itself: no reciprocal)
+  if constexpr (kIsNvfp4<C>) {
     if (!a.k_cache.per_head) s.k.scale = head_scale(a.k_cache, 0);
     if (!a.v_cache.per_head) s.v.scale = head_scale(a.v_cache, 0);
   }
