@@ -26,7 +26,7 @@ setup(
     ext_modules=[
         CUDAExtension(
             "kvrope_torch._C",
-            # The CUDA files first: the longest compiles start first, the C++ files fill the tail.
+            # (setuptools sorts the sources: ninja starts them in name order, whatever this list's)
             ["csrc/launch_append_bf16.cu", "csrc/launch_append_fp16.cu", "csrc/launch_append_fp32.cu",
              "csrc/launch_bf16.cu", "csrc/launch_fp16.cu", "csrc/launch_fp32.cu", "csrc/launch_mla.cu",
              "csrc/python.cpp", "csrc/ops.cpp", "csrc/checks.cpp", "csrc/ops_cuda.cpp"],

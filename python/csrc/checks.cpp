@@ -66,7 +66,8 @@ void check_positions(const char* name, const at::Tensor& p, const Like& like, in
   TORCH_CHECK_VALUE(p.numel() == 0 || p.stride(-1) == 1, "kvrope: ", name, " must be contiguous");
 }
 
-// The call's first float tensor, [layout] (`rank` dims): a dtype the op computes in, on its device.
+// The call's first float tensor, [layout] (`rank` dims), in a dtype the op computes in (bf16, fp16, fp32; on the
+// CPU also fp64): the others are compared with it.
 void check_first_dtype(const char* name, const at::Tensor& x, const char* layout, int64_t rank) {
   TORCH_CHECK_VALUE(x.dim() == rank, "kvrope: ", name, " must be [", layout, "], got ", dims(x.sizes()));
   const auto t = x.scalar_type();
@@ -280,7 +281,7 @@ void check_mla_query_out(const at::Tensor& out, const at::Tensor& q_pe, const c1
     TORCH_CHECK_VALUE(out.dim() == 3 && out.size(0) == n && out.size(1) == hq && out.size(2) >= r,
                       "kvrope: query_out has shape ", dims(out.sizes()),
                       ", expected [T, Hq, N + R] with T=", std::to_string(n), ", Hq=", std::to_string(hq),
-                      ", R=", std::to_string(r), " (RoPE(q_pe) in its ", "last R dims)");
+                      ", R=", std::to_string(r), " (RoPE(q_pe) in its last R dims)");
   }
   check_last_dim("query_out", out);
 }

@@ -361,15 +361,20 @@ def mla_append_(query_pe: Optional[torch.Tensor], kv_c: torch.Tensor, k_pe: torc
                 error_flag: Optional[torch.Tensor] = None, check: bool = False, style: str = "interleaved",
                 enable_pdl: bool = False) -> None:
     """The MLA latent-cache append (DeepSeek-V2/V3, Kimi K2; docs/spec.md section 6.6), in place, in one launch:
-    kvrope's ``mla_append`` (include/kvrope/mla_append_params.cuh, ``MlaAppendParams``, documents each field).
+    kvrope's ``mla_append``, whose ``MlaAppendParams`` (include/kvrope/mla_append_params.cuh) documents each
+    field. The arguments are its fields by name, but: a float8_e4m3fn ``query_out`` is ``query_out_fp8`` and
+    ``q_scale`` its ``query_scale``; ``query_nope`` given sets ``write_query_nope``; an fp32 ``cos_sin_cache``
+    is ``cos_sin_cache_f32``; the caches' dtype (and ``kv_cache_dtype``) is C; ``latent_cache`` and
+    ``rope_cache`` are ``MlaCacheRows`` of the tensors' strides (without ``rope_cache``: ``mla_concat_latent``
+    and ``mla_concat_rope`` of ``latent_cache``); T, Hq, N, R, L, pages, P and max_position are the shapes'.
 
     ``query_pe`` [T, Hq, R] (q's rotary part, or None) is rotated with the table cache ``cos_sin_cache``
     [max_pos, R] (cos | sin, one angle a pair; kv_c's dtype or fp32) at ``positions`` [T] (int32 / int64): in
     place, or into the last R dims of ``query_out`` [T, Hq, N + R], in kv_c's dtype or torch.float8_e4m3fn
     (fp8_satfinite(x / q_scale) of the value rounded to kv_c's dtype; ``q_scale`` float32 of one element, None:
     1; only with an fp8 query_out), query_pe then left as it was. ``query_nope`` [T, Hq, N], given with
-    ``query_out``, is copied (quantized alike) into its first N dims (kvrope's write_query_nope); without it they
-    are left as they are. A fused q [T, Hq, N + R] is query_nope = q[..., :N], query_pe = q[..., N:].
+    ``query_out``, is copied (quantized alike) into its first N dims; without it they are left as they are. A
+    fused q [T, Hq, N + R] is query_nope = q[..., :N], query_pe = q[..., N:].
 
     Per token t, the latent row [kv_c[t] | RoPE(k_pe[t])] (``kv_c`` [T, L], normed, not rotated; ``k_pe`` [T, R])
     goes to slot ``slot_mapping[t]`` (int64; page s // P, offset s % P; negative: no row; repeated: the last
