@@ -3,7 +3,7 @@
     TORCH_CUDA_ARCH_LIST="9.0" python3 -m pip install --no-build-isolation --no-deps python/
 
 torch.utils.cpp_extension (rather than scikit-build-core over the CMake package): the extension is
-ten source files against torch's own headers and flags, so torch's builder is the shortest path,
+eleven source files against torch's own headers and flags, so torch's builder is the shortest path,
 and it refuses an nvcc whose major version differs from torch's CUDA, which is the check we want.
 Without TORCH_CUDA_ARCH_LIST the project's default architectures are built (sm_90 and sm_100a)."""
 import os
@@ -26,10 +26,10 @@ setup(
     ext_modules=[
         CUDAExtension(
             "kvrope_torch._C",
-            # The CUDA files first: the longest compiles start first, the C++ files fill the tail.
+            # (setuptools sorts the sources: ninja starts them in name order, whatever this list's)
             ["csrc/launch_append_bf16.cu", "csrc/launch_append_fp16.cu", "csrc/launch_append_fp32.cu",
-             "csrc/launch_bf16.cu", "csrc/launch_fp16.cu", "csrc/launch_fp32.cu", "csrc/python.cpp", "csrc/ops.cpp",
-             "csrc/checks.cpp", "csrc/ops_cuda.cpp"],
+             "csrc/launch_bf16.cu", "csrc/launch_fp16.cu", "csrc/launch_fp32.cu", "csrc/launch_mla.cu",
+             "csrc/python.cpp", "csrc/ops.cpp", "csrc/checks.cpp", "csrc/ops_cuda.cpp"],
             include_dirs=[include],
             extra_compile_args={"cxx": [host_opt, "-std=c++17"],
                                 "nvcc": [host_opt, "-std=c++17", "--expt-relaxed-constexpr"]},

@@ -66,19 +66,24 @@ void check_positions(const char* name, const at::Tensor& p, const Like& like, in
   TORCH_CHECK_VALUE(p.numel() == 0 || p.stride(-1) == 1, "kvrope: ", name, " must be contiguous");
 }
 
-// The call's first tensor of head rows [layout] (`rank` dims): a supported dtype on its device, D even,
-// the last dim contiguous (kvrope's row structs have no stride for it).
-void check_first_rows(const char* name, const at::Tensor& x, const char* layout, int64_t rank = 4) {
+// The call's first float tensor, [layout] (`rank` dims), in a dtype the op computes in (bf16, fp16, fp32; on the
+// CPU also fp64): the others are compared with it.
+void check_first_dtype(const char* name, const at::Tensor& x, const char* layout, int64_t rank) {
   TORCH_CHECK_VALUE(x.dim() == rank, "kvrope: ", name, " must be [", layout, "], got ", dims(x.sizes()));
   const auto t = x.scalar_type();
   const bool ok = t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || (!x.is_cuda() && t == at::kDouble);
   TORCH_CHECK_TYPE(ok, "kvrope: ", name, " is ", dtype_name(t), ": ",
                    c10::DeviceTypeName(x.device().type(), /*lower_case=*/true),
                    " tensors must be bfloat16, float16, float32", x.is_cuda() ? "" : " or float64");
+}
+
+// The call's first tensor of head rows [layout] (`rank` dims): a supported dtype on its device, D even,
+// the last dim contiguous (kvrope's row structs have no stride for it).
+void check_first_rows(const char* name, const at::Tensor& x, const char* layout, int64_t rank = 4) {
+  check_first_dtype(name, x, layout, rank);
   TORCH_CHECK_VALUE(x.size(-1) % 2 == 0, "kvrope: ", name, "'s head_dim must be even, not ",
                     std::to_string(x.size(-1)));
-  TORCH_CHECK_VALUE(x.numel() == 0 || x.stride(-1) == 1, "kvrope: ", name,
-                    "'s last dim must be contiguous (stride 1), not ", std::to_string(x.stride(-1)));
+  check_last_dim(name, x);
 }
 
 // Per-token tables [B or 1, S, R]; returns R.
@@ -126,44 +131,50 @@ void check_on_device(const char* name, const at::Tensor& x, const Like& like) {
                     " on ", like.x.device().str());
 }
 
-// The caches' element type from key_cache's dtype and kv_cache_dtype ("auto": the tensor's dtype says;
-// uint8, vLLM's fp8 storage and FlashInfer's NVFP4 codes, needs the format named).
-CacheType cache_type_of(const at::Tensor& cache, at::ScalarType t, const std::string& kind) {
-  TORCH_CHECK_VALUE(kind == "auto" || kind == "fp8" || kind == "fp8_e4m3" || kind == "fp8_e5m2" || kind == "nvfp4",
-                    "kvrope: kv_cache_dtype must be 'auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2' or 'nvfp4', not '", kind,
-                    "'");
+// The caches' element type from the dtype of `cache` (named `name`; `like` the tensor whose dtype is q's) and
+// kv_cache_dtype ("auto": the tensor's dtype says; uint8, vLLM's fp8 storage and FlashInfer's NVFP4 codes, needs
+// the format named). `nvfp4`: whether the op has NVFP4 caches.
+CacheType cache_type_of(const char* name, const at::Tensor& cache, const Like& like, const std::string& kind,
+                        bool nvfp4) {
+  const std::string formats = nvfp4 ? "'fp8', 'fp8_e4m3', 'fp8_e5m2' or 'nvfp4'" : "'fp8', 'fp8_e4m3' or 'fp8_e5m2'";
+  TORCH_CHECK_VALUE(
+      kind == "auto" || kind == "fp8" || kind == "fp8_e4m3" || kind == "fp8_e5m2" || (nvfp4 && kind == "nvfp4"),
+      "kvrope: kv_cache_dtype must be 'auto', ", formats, ", not '", kind, "'");
   const bool e4m3 = kind == "fp8" || kind == "fp8_e4m3", e5m2 = kind == "fp8_e5m2";
-  const auto c = cache.scalar_type();
+  const auto c = cache.scalar_type(), t = like.x.scalar_type();
   if (kind == "nvfp4") {
-    TORCH_CHECK_TYPE(c == at::kByte, "kvrope: kv_cache_dtype 'nvfp4' takes uint8 caches: key_cache is ", dtype_name(c));
+    TORCH_CHECK_TYPE(c == at::kByte, "kvrope: kv_cache_dtype 'nvfp4' takes uint8 caches: ", name, " is ",
+                     dtype_name(c));
     return CacheType::kNvfp4;
   }
   if (c == at::kByte) {
-    TORCH_CHECK_VALUE(
-        e4m3 || e5m2,
-        "kvrope: a uint8 cache needs kv_cache_dtype 'fp8', 'fp8_e4m3', 'fp8_e5m2' or 'nvfp4', not 'auto'");
+    TORCH_CHECK_VALUE(e4m3 || e5m2, "kvrope: a uint8 cache needs kv_cache_dtype ", formats, ", not 'auto'");
     return e4m3 ? CacheType::kFp8E4m3 : CacheType::kFp8E5m2;
   }
   const bool known = c == t || c == at::kFloat8_e4m3fn || c == at::kFloat8_e5m2;
-  TORCH_CHECK_TYPE(known, "kvrope: key_cache must be key's dtype (", dtype_name(t),
+  TORCH_CHECK_TYPE(known, "kvrope: ", name, " must be ", like.name, "'s dtype (", dtype_name(t),
                    "), float8_e4m3fn, float8_e5m2 or uint8, not ", dtype_name(c));
   const CacheType type = c == t                    ? CacheType::kSame
                          : c == at::kFloat8_e4m3fn ? CacheType::kFp8E4m3
                                                    : CacheType::kFp8E5m2;
   const bool agrees = kind == "auto" || (type == CacheType::kFp8E4m3 && e4m3) || (type == CacheType::kFp8E5m2 && e5m2);
-  TORCH_CHECK_TYPE(agrees, "kvrope: kv_cache_dtype '", kind, "' does not match key_cache's dtype ", dtype_name(c));
+  TORCH_CHECK_TYPE(agrees, "kvrope: kv_cache_dtype '", kind, "' does not match ", name, "'s dtype ", dtype_name(c));
   return type;
 }
 
-// A per-tensor scale (one element) or per-head scales [H] of an fp8 or NVFP4 cache, float32; true when per head.
+// A per-tensor scale (one element) or, where h > 0, per-head scales [H] of an fp8 or NVFP4 cache, float32; true
+// when per head.
 bool check_scale(const char* name, const at::Tensor& s, const Like& like, int64_t h, CacheType cache) {
-  TORCH_CHECK_VALUE(cache != CacheType::kSame, "kvrope: ", name, " needs an fp8 or NVFP4 cache");
+  TORCH_CHECK_VALUE(cache != CacheType::kSame, "kvrope: ", name,
+                    h > 0 ? " needs an fp8 or NVFP4 cache" : " needs an fp8 cache");
   TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "kvrope: ", name, " must be float32, not ",
                    dtype_name(s.scalar_type()));
   check_on_device(name, s, like);
-  const bool one = s.dim() <= 1 && s.numel() == 1, per_head = s.dim() == 1 && s.size(0) == h;
-  TORCH_CHECK_VALUE(one || per_head, "kvrope: ", name, " must have one element or shape [H] (H=", std::to_string(h),
-                    "), got ", dims(s.sizes()));
+  const bool one = s.dim() <= 1 && s.numel() == 1, per_head = h > 0 && s.dim() == 1 && s.size(0) == h;
+  TORCH_CHECK_VALUE(one || per_head, "kvrope: ", name,
+                    h > 0 ? " must have one element or shape [H] (H=" + std::to_string(h) + "), got "
+                          : std::string(" must have one element, got "),
+                    dims(s.sizes()));
   TORCH_CHECK_VALUE(s.is_contiguous(), "kvrope: ", name, " must be contiguous");
   return !one;
 }
@@ -232,6 +243,16 @@ void check_block_scales(const char* name, const c10::optional<at::Tensor>& sf, c
   check_last_dim(name, x);
 }
 
+// The appends' slot_mapping: [T] int64, contiguous, on `like`'s device.
+void check_slot_mapping(const at::Tensor& slots, const Like& like, int64_t n) {
+  check_on_device("slot_mapping", slots, like);
+  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, "kvrope: slot_mapping must be int64, not ",
+                   dtype_name(slots.scalar_type()));
+  TORCH_CHECK_VALUE(slots.dim() == 1 && slots.size(0) == n, "kvrope: slot_mapping has shape ", dims(slots.sizes()),
+                    ", expected [", std::to_string(n), "]");
+  TORCH_CHECK_VALUE(slots.is_contiguous(), "kvrope: slot_mapping must be contiguous");
+}
+
 void check_error_flag(const c10::optional<at::Tensor>& flag, const Like& like) {
   if (!flag.has_value()) return;
   const at::Tensor& f = *flag;
@@ -239,7 +260,110 @@ void check_error_flag(const c10::optional<at::Tensor>& flag, const Like& like) {
                     "kvrope: error_flag must be an int32 tensor of one element on ", like.name, "'s device");
 }
 
+// The MLA append's query_out [T, Hq, N + R]: q_pe's dtype or float8_e4m3fn, on its device, the last dim
+// contiguous. N is query_nope's (given) or any (query_out's first N dims are then left as they are).
+void check_mla_query_out(const at::Tensor& out, const at::Tensor& q_pe, const c10::optional<at::Tensor>& q_nope,
+                         const Like& like) {
+  const auto t = out.scalar_type();
+  if (t == at::kFloat8_e4m3fn) {
+    check_on_device("query_out", out, like);
+  } else {
+    TORCH_CHECK_TYPE(!c10::isFloat8Type(t), "kvrope: query_out is ", dtype_name(t),
+                     ": an fp8 query_out must be float8_e4m3fn");
+    check_rows("query_out", out, like, out.sizes());
+  }
+  const int64_t n = q_pe.size(0), hq = q_pe.size(1), r = q_pe.size(2);
+  if (q_nope.has_value()) {
+    const std::array<int64_t, 3> rows{n, hq, q_nope->size(2) + r};
+    TORCH_CHECK_VALUE(out.sizes() == at::IntArrayRef(rows), "kvrope: query_out has shape ", dims(out.sizes()),
+                      ", expected [T, Hq, N + R] = ", dims(rows), " (N = query_nope's, R = query_pe's)");
+  } else {
+    TORCH_CHECK_VALUE(out.dim() == 3 && out.size(0) == n && out.size(1) == hq && out.size(2) >= r,
+                      "kvrope: query_out has shape ", dims(out.sizes()),
+                      ", expected [T, Hq, N + R] with T=", std::to_string(n), ", Hq=", std::to_string(hq),
+                      ", R=", std::to_string(r), " (RoPE(q_pe) in its last R dims)");
+  }
+  check_last_dim("query_out", out);
+}
+
+// The MLA caches [pages, P, width]: on `like`'s device, the last dim contiguous.
+void check_mla_cache(const char* name, const at::Tensor& c, const Like& like, const std::array<int64_t, 3>& shape,
+                     const char* layout) {
+  check_on_device(name, c, like);
+  TORCH_CHECK_VALUE(c.sizes() == at::IntArrayRef(shape), "kvrope: ", name, " has shape ", dims(c.sizes()),
+                    ", expected ", layout, " = ", dims(shape));
+  check_last_dim(name, c);
+}
+
 }  // namespace
+
+CacheType check_mla_append(const MlaTensors& t) {
+  check_first_dtype("kv_c", t.kv_c, "T, L", 2);
+  check_last_dim("kv_c", t.kv_c);
+  const Like c{"kv_c", t.kv_c};
+  const int64_t n = t.kv_c.size(0), l = t.kv_c.size(1);
+  TORCH_CHECK_VALUE(l > 0, "kvrope: kv_c must be [T, L] with L > 0, got ", dims(t.kv_c.sizes()));
+  const at::Tensor& k_pe = t.k_pe;
+  TORCH_CHECK_VALUE(k_pe.dim() == 2 && k_pe.size(0) == n && k_pe.size(1) > 0 && k_pe.size(1) % 2 == 0,
+                    "kvrope: k_pe must be [T, R] with T=", std::to_string(n), " and R even and positive, got ",
+                    dims(k_pe.sizes()));
+  check_rows("k_pe", k_pe, c, k_pe.sizes());
+  const int64_t r = k_pe.size(1);
+  if (t.query_pe.has_value()) {
+    const at::Tensor& q = *t.query_pe;
+    TORCH_CHECK_VALUE(q.dim() == 3 && q.size(0) == n && q.size(2) == r,
+                      "kvrope: query_pe must be [T, Hq, R] with T=", std::to_string(n), ", R=", std::to_string(r),
+                      " (k_pe's), got ", dims(q.sizes()));
+    check_rows("query_pe", q, c, q.sizes());
+    if (t.query_nope.has_value()) {
+      const at::Tensor& nope = *t.query_nope;
+      TORCH_CHECK_VALUE(t.query_out.has_value(),
+                        "kvrope: query_nope needs query_out (it is copied into query_out's first N dims)");
+      TORCH_CHECK_VALUE(nope.dim() == 3 && nope.size(0) == n && nope.size(1) == q.size(1),
+                        "kvrope: query_nope must be [T, Hq, N] with T=", std::to_string(n),
+                        ", Hq=", std::to_string(q.size(1)), " (query_pe's), got ", dims(nope.sizes()));
+      check_rows("query_nope", nope, c, nope.sizes());
+    }
+    if (t.query_out.has_value()) check_mla_query_out(*t.query_out, q, t.query_nope, c);
+  } else {
+    TORCH_CHECK_VALUE(!t.query_nope.has_value(), "kvrope: query_nope needs query_pe");
+    TORCH_CHECK_VALUE(!t.query_out.has_value(), "kvrope: query_out needs query_pe");
+  }
+  if (t.q_scale.has_value()) check_q_scale(*t.q_scale, t.query_out, c);
+  check_positions("positions", t.positions, c, n);
+  check_slot_mapping(t.slot_mapping, c, n);
+  const at::Tensor& table = t.cos_sin_cache;
+  TORCH_CHECK_VALUE(table.dim() == 2 && table.size(1) == r,
+                    "kvrope: cos_sin_cache must be [max_pos, R] with R=", std::to_string(r), " (k_pe's), got ",
+                    dims(table.sizes()));
+  TORCH_CHECK_TYPE((table.scalar_type() == t.kv_c.scalar_type() || table.scalar_type() == at::kFloat) &&
+                       table.device() == t.kv_c.device(),
+                   "kvrope: cos_sin_cache must be on kv_c's device, in its dtype or float32");
+  TORCH_CHECK_VALUE(table.is_contiguous(), "kvrope: cos_sin_cache must be contiguous");
+  // The caches: latent_cache [pages, P, L + R] alone (vLLM's), or [pages, P, L] beside rope_cache [pages, P, R]
+  // (FlashInfer's ckv and kpe); one dtype, strides their own.
+  const at::Tensor& lc = t.latent_cache;
+  TORCH_CHECK_VALUE(lc.dim() == 3, "kvrope: latent_cache must be [pages, P, L + R], or [pages, P, L] with rope_cache, ",
+                    "got ", dims(lc.sizes()));
+  check_on_device("latent_cache", lc, c);
+  const CacheType cache = cache_type_of("latent_cache", lc, c, t.kv_cache_dtype, /*nvfp4=*/false);
+  const int64_t pages = lc.size(0), page_size = lc.size(1);
+  if (t.rope_cache.has_value()) {
+    const at::Tensor& rc = *t.rope_cache;
+    check_mla_cache("latent_cache", lc, c, {pages, page_size, l}, "[pages, P, L] (with rope_cache)");
+    check_on_device("rope_cache", rc, c);
+    TORCH_CHECK_TYPE(rc.scalar_type() == lc.scalar_type(), "kvrope: rope_cache is ", dtype_name(rc.scalar_type()),
+                     ", latent_cache ", dtype_name(lc.scalar_type()), ": the caches have one dtype");
+    check_mla_cache("rope_cache", rc, c, {pages, page_size, r}, "[pages, P, R] (latent_cache's pages and P)");
+  } else {
+    check_mla_cache("latent_cache", lc, c, {pages, page_size, l + r}, "[pages, P, L + R] (without rope_cache)");
+  }
+  if (t.kv_scale.has_value()) check_scale("kv_scale", *t.kv_scale, c, 0, cache);
+  check_error_flag(t.error_flag, c);
+  TORCH_CHECK_VALUE(t.style == 0 || t.style == 1, "kvrope: style must be 0 (rotate_half) or 1 (interleaved), not ",
+                    std::to_string(t.style));
+  return cache;
+}
 
 CacheType check_append(AppendTensors& t) {
   check_first_rows("key", t.key, "T, H, D", 3);
@@ -266,13 +390,7 @@ CacheType check_append(AppendTensors& t) {
   const bool mrope = !t.mrope_section.empty();
   check_append_positions(t.positions, k, n, mrope);
   TORCH_CHECK_VALUE(mrope || !t.mrope_interleaved, "kvrope: mrope_interleaved needs mrope_section");
-  const at::Tensor& slots = t.slot_mapping;
-  check_on_device("slot_mapping", slots, k);
-  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, "kvrope: slot_mapping must be int64, not ",
-                   dtype_name(slots.scalar_type()));
-  TORCH_CHECK_VALUE(slots.dim() == 1 && slots.size(0) == n, "kvrope: slot_mapping has shape ", dims(slots.sizes()),
-                    ", expected [", std::to_string(n), "]");
-  TORCH_CHECK_VALUE(slots.is_contiguous(), "kvrope: slot_mapping must be contiguous");
+  check_slot_mapping(t.slot_mapping, k, n);
   const int64_t r = check_table_cache(t.cos_sin_cache, k, d);
   if (mrope) check_mrope_section(t.mrope_section, r);
   // The caches: [pages, P, H, D] or [slots, H, D] (NVFP4: D / 2 bytes of codes), one shape and dtype, strides
@@ -281,7 +399,7 @@ CacheType check_append(AppendTensors& t) {
   TORCH_CHECK_VALUE(kc.dim() == 4 || kc.dim() == 3, "kvrope: key_cache must be [pages, P, H, D] or [slots, H, D], got ",
                     dims(kc.sizes()));
   check_on_device("key_cache", kc, k);
-  const CacheType cache = cache_type_of(kc, t.key.scalar_type(), t.kv_cache_dtype);
+  const CacheType cache = cache_type_of("key_cache", kc, k, t.kv_cache_dtype, /*nvfp4=*/true);
   const bool nvfp4 = cache == CacheType::kNvfp4;
   std::vector<int64_t> cache_shape(kc.sizes().begin(), kc.sizes().end());
   cache_shape[kc.dim() - 2] = h;

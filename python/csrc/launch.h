@@ -1,5 +1,5 @@
 // kvrope's launchers as kvrope_torch calls them: plain parameter structs and a stream, no ATen, so the
-// CUDA files (launch_{bf16,fp16,fp32}.cu) compile without torch's headers.
+// CUDA files (launch_{bf16,fp16,fp32}.cu, launch_append_*.cu, launch_mla.cu) compile without torch's headers.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,6 +10,7 @@
 #include <kvrope/core/dtype.cuh>
 #include <kvrope/core/status.cuh>
 #include <kvrope/forward_params.cuh>
+#include <kvrope/mla_append_params.cuh>
 
 namespace kvrope_torch {
 
@@ -21,6 +22,8 @@ template <typename T, typename Pos>
 kvrope::Status launch_backward(const kvrope::BackwardInPlaceParams<T, Pos>& p, cudaStream_t stream);
 template <typename T, typename C, typename Pos>
 kvrope::Status launch_append(const kvrope::AppendParams<T, C, Pos>& p, cudaStream_t stream);
+template <typename T, typename C, typename Pos>
+kvrope::Status launch_mla_append(const kvrope::MlaAppendParams<T, C, Pos>& p, cudaStream_t stream);
 
 }  // namespace kvrope_torch
 
@@ -45,3 +48,15 @@ kvrope::Status launch_append(const kvrope::AppendParams<T, C, Pos>& p, cudaStrea
   KVROPE_TORCH_APPEND_LAUNCHER(T, __nv_fp8_e4m3); \
   KVROPE_TORCH_APPEND_LAUNCHER(T, __nv_fp8_e5m2); \
   KVROPE_TORCH_APPEND_LAUNCHER(T, kvrope::nvfp4_e2m1x2)
+
+#define KVROPE_TORCH_MLA_LAUNCHER(T, C)                                                                  \
+  template kvrope::Status kvrope_torch::launch_mla_append(const kvrope::MlaAppendParams<T, C, int64_t>&, \
+                                                          cudaStream_t);                                 \
+  template kvrope::Status kvrope_torch::launch_mla_append(const kvrope::MlaAppendParams<T, C, int32_t>&, cudaStream_t)
+
+//! The MLA append launchers of element type T for its three cache types (T, fp8 e4m3, fp8 e5m2) and both
+//! position types (the kernels do not depend on the positions' type: three a (T, C), docs/design.md).
+#define KVROPE_TORCH_MLA_LAUNCHERS(T)          \
+  KVROPE_TORCH_MLA_LAUNCHER(T, T);             \
+  KVROPE_TORCH_MLA_LAUNCHER(T, __nv_fp8_e4m3); \
+  KVROPE_TORCH_MLA_LAUNCHER(T, __nv_fp8_e5m2)

@@ -109,6 +109,39 @@ void append_inplace_cuda(const c10::optional<at::Tensor>& query, const at::Tenso
   }
 }
 
+// kvrope::mla_append_ on CUDA: checks (checks.cpp), then the launch for kv_c's dtype and the caches' type.
+void mla_append_inplace_cuda(const c10::optional<at::Tensor>& query_pe, const at::Tensor& kv_c, const at::Tensor& k_pe,
+                             const at::Tensor& positions, const at::Tensor& cos_sin_cache,
+                             const at::Tensor& latent_cache, const at::Tensor& slot_mapping,
+                             const c10::optional<at::Tensor>& rope_cache, const c10::optional<at::Tensor>& query_nope,
+                             const c10::optional<at::Tensor>& query_out, c10::string_view kv_cache_dtype,
+                             const c10::optional<at::Tensor>& kv_scale, const c10::optional<at::Tensor>& q_scale,
+                             const c10::optional<at::Tensor>& error_flag, int64_t style, bool enable_pdl) {
+  MlaTensors t;
+  t.query_pe = query_pe;
+  t.kv_c = kv_c;
+  t.k_pe = k_pe;
+  t.positions = positions;
+  t.cos_sin_cache = cos_sin_cache;
+  t.latent_cache = latent_cache;
+  t.slot_mapping = slot_mapping;
+  t.rope_cache = rope_cache;
+  t.query_nope = query_nope;
+  t.query_out = query_out;
+  t.kv_cache_dtype = std::string(kv_cache_dtype);
+  t.kv_scale = kv_scale;
+  t.q_scale = q_scale;
+  t.error_flag = error_flag;
+  t.style = style;
+  t.enable_pdl = enable_pdl;
+  const CacheType cache = check_mla_append(t);
+  switch (kv_c.scalar_type()) {
+    case at::kBFloat16: return mla_append_cuda<DType::kBf16>(t, cache);
+    case at::kHalf: return mla_append_cuda<DType::kFp16>(t, cache);
+    default: return mla_append_cuda<DType::kFp32>(t, cache);  // (check_mla_append allows these three)
+  }
+}
+
 // A contiguous tensor of `sizes` like `like` (a CUDA tensor), allocated without a trip through the
 // dispatcher: each output costs a call host time (docs/benchmarks.md, "PyTorch comparison"). Every
 // output has an allocation of its own: torch's custom-op contract (opcheck) has outputs alias nothing.
@@ -238,6 +271,27 @@ void append_inplace_versions(c10::DispatchKeySet keys, const c10::optional<at::T
   bump(error_flag);
 }
 
+void mla_append_inplace_versions(c10::DispatchKeySet keys, const c10::optional<at::Tensor>& query_pe,
+                                 const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor& positions,
+                                 const at::Tensor& cos_sin_cache, const at::Tensor& latent_cache,
+                                 const at::Tensor& slot_mapping, const c10::optional<at::Tensor>& rope_cache,
+                                 const c10::optional<at::Tensor>& query_nope,
+                                 const c10::optional<at::Tensor>& query_out, c10::string_view kv_cache_dtype,
+                                 const c10::optional<at::Tensor>& kv_scale, const c10::optional<at::Tensor>& q_scale,
+                                 const c10::optional<at::Tensor>& error_flag, int64_t style, bool enable_pdl) {
+  static const auto op = typed_op<decltype(mla_append_inplace_cuda)>("kvrope::mla_append_");
+  {
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatch(keys & c10::after_ADInplaceOrView_keyset, query_pe, kv_c, k_pe, positions, cos_sin_cache,
+                  latent_cache, slot_mapping, rope_cache, query_nope, query_out, kv_cache_dtype, kv_scale, q_scale,
+                  error_flag, style, enable_pdl);
+  }
+  bump(latent_cache);
+  bump(rope_cache);
+  bump(query_out.has_value() ? query_out : query_pe);
+  bump(error_flag);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_inplace_versions(
     c10::DispatchKeySet keys, const at::Tensor& grad_key_cache, const at::Tensor& grad_value_cache,
     const c10::optional<at::Tensor>& key_states, const at::Tensor& cos, const at::Tensor& sin,
@@ -290,10 +344,20 @@ TORCH_LIBRARY(kvrope, m) {
       "str kv_cache_dtype=\"auto\", Tensor? k_scale=None, Tensor? v_scale=None, Tensor(g!)? error_flag=None, "
       "int rotary_dim=0, int style=0, Tensor? q_scale=None, bool enable_pdl=False, int[] mrope_section=[], "
       "bool mrope_interleaved=False, Tensor(h!)? key_cache_sf=None, Tensor(i!)? value_cache_sf=None) -> ()");
+  // The MLA latent-cache append (docs/spec.md §6.6): q_pe rotated in place or into query_out (q's dtype, or
+  // float8_e4m3fn divided by q_scale; query_nope copied into its first N dims when given); [kv_c | RoPE(k_pe)]
+  // into the slots of latent_cache [pages, P, L + R], or of latent_cache [pages, P, L] and rope_cache
+  // [pages, P, R]; style 1 (interleaved) by default, as DeepSeek's checkpoints.
+  m.def(
+      "mla_append_(Tensor(a!)? query_pe, Tensor kv_c, Tensor k_pe, Tensor positions, Tensor cos_sin_cache, "
+      "Tensor(b!) latent_cache, Tensor slot_mapping, Tensor(c!)? rope_cache=None, Tensor? query_nope=None, "
+      "Tensor(d!)? query_out=None, str kv_cache_dtype=\"auto\", Tensor? kv_scale=None, Tensor? q_scale=None, "
+      "Tensor(e!)? error_flag=None, int style=1, bool enable_pdl=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvrope, ADInplaceOrView, m) {
   m.impl("rope_append_", &append_inplace_versions);
+  m.impl("mla_append_", &mla_append_inplace_versions);
   m.impl("forward_", &forward_inplace_versions);
   m.impl("backward_", &backward_inplace_versions);
 }
@@ -304,6 +368,7 @@ TORCH_LIBRARY_IMPL(kvrope, CUDA, m) {
   m.impl("backward", &backward_cuda_functional);
   m.impl("backward_", &backward_cuda_inplace);
   m.impl("rope_append_", &append_inplace_cuda);
+  m.impl("mla_append_", &mla_append_inplace_cuda);
 }
 
 }  // namespace kvrope_torch

@@ -55,6 +55,21 @@ struct AppendTensors {
   int64_t rotary_dim = 0, style = 0;
 };
 
+//! kvrope::mla_append_ (the MLA latent-cache append, docs/spec.md §6.6; kvrope::MlaAppendParams): q_pe
+//! [T, Hq, R] rotated in place or into query_out [T, Hq, N + R] (q's dtype, or fp8 e4m3 divided by q_scale),
+//! q_nope [T, Hq, N] copied into query_out's first N dims when given; the latent row [kv_c | RoPE(k_pe)] of
+//! each token written to slot slot_mapping[t] of latent_cache [pages, P, L + R] (vLLM's one cache) or, with
+//! rope_cache, of latent_cache [pages, P, L] and rope_cache [pages, P, R] (FlashInfer's ckv and kpe), quantized
+//! for fp8 caches (kv_scale, one element).
+struct MlaTensors {
+  c10::optional<at::Tensor> query_pe;
+  at::Tensor kv_c, k_pe, positions, cos_sin_cache, latent_cache, slot_mapping;
+  c10::optional<at::Tensor> rope_cache, query_nope, query_out, kv_scale, q_scale, error_flag;
+  std::string kv_cache_dtype = "auto";
+  int64_t style = 1;        // kvrope::RotaryStyle: 0 rotate-half, 1 interleaved (DeepSeek's)
+  bool enable_pdl = false;  // a programmatic dependent launch (kvrope::MlaAppendParams::enable_pdl)
+};
+
 //! The element type of a call's caches: q's dtype, fp8 (a float8 tensor, or uint8 named by kv_cache_dtype), or
 //! NVFP4 (uint8, kv_cache_dtype 'nvfp4').
 enum class CacheType : int { kSame, kFp8E4m3, kFp8E5m2, kNvfp4 };
@@ -69,6 +84,8 @@ int64_t check_backward(const at::Tensor& grad_key_cache, const at::Tensor& grad_
 
 //! The CUDA serving forward's checks; returns the caches' type and sets t.rotary_dim to kvrope's.
 CacheType check_append(AppendTensors& t);
+//! The MLA append's checks; returns the caches' type (kSame, kFp8E4m3 or kFp8E5m2).
+CacheType check_mla_append(const MlaTensors& t);
 
 enum class DType : int { kBf16, kFp16, kFp32 };
 
@@ -78,5 +95,7 @@ template <DType kDType>
 void backward_cuda(const BackwardTensors& t);
 template <DType kDType>
 void append_cuda(const AppendTensors& t, CacheType cache);
+template <DType kDType>
+void mla_append_cuda(const MlaTensors& t, CacheType cache);
 
 }  // namespace kvrope_torch

@@ -53,7 +53,10 @@ std::string argument_of(const char* field) {
                                                                 {"query_scale", "q_scale"},
                                                                 {"position_stream_stride", "positions"},
                                                                 {"key_block_scales", "key_cache_sf"},
-                                                                {"value_block_scales", "value_cache_sf"}};
+                                                                {"value_block_scales", "value_cache_sf"},
+                                                                {"write_query_nope", "query_nope"},
+                                                                {"kv_c_stride", "kv_c"},
+                                                                {"k_pe_stride", "k_pe"}};
   const std::string f(field);
   const size_t dot = f.find('.');
   for (const auto& [library, argument] : renamed)
@@ -259,6 +262,80 @@ void append_cuda(const AppendTensors& t, CacheType cache) {
   }
 }
 
+template <typename T, typename C, typename Pos>
+void mla_typed(const MlaTensors& t, cudaStream_t stream) {
+  kvrope::MlaAppendParams<T, C, Pos> p;
+  const int64_t r = t.k_pe.size(1), l = t.kv_c.size(1);
+  p.tokens = t.kv_c.size(0);
+  p.rotary_dim = r;
+  p.latent_dim = l;
+  p.style = t.style == 0 ? kvrope::RotaryStyle::kRotateHalf : kvrope::RotaryStyle::kInterleaved;
+  if (t.query_pe.has_value() && t.query_pe->defined()) {
+    p.query_heads = t.query_pe->size(1);
+    p.query_pe = token_heads<T>(t.query_pe);
+    if (t.query_out.has_value() && t.query_out->defined()) {  // rows [N + R] (checks.cpp)
+      p.nope_dim = t.query_out->size(2) - r;
+      // An fp8 query_out (float8_e4m3fn) is kvrope's query_out_fp8, quantized with q_scale.
+      if (t.query_out->scalar_type() == at::kFloat8_e4m3fn) {
+        p.query_out_fp8 = token_heads<__nv_fp8_e4m3>(t.query_out);
+        p.query_scale = data_or_null<float>(t.q_scale);
+      } else {
+        p.query_out = token_heads<T>(t.query_out);
+      }
+      if (t.query_nope.has_value() && t.query_nope->defined()) {
+        p.query_nope = token_heads<const T>(t.query_nope);
+        p.write_query_nope = true;
+      }
+    }
+  }
+  p.kv_c = reinterpret_cast<const T*>(t.kv_c.data_ptr());
+  p.kv_c_stride = t.kv_c.stride(0);
+  p.k_pe = reinterpret_cast<const T*>(t.k_pe.data_ptr());
+  p.k_pe_stride = t.k_pe.stride(0);
+  p.positions = t.positions.data_ptr<Pos>();
+  const at::Tensor& table = t.cos_sin_cache;
+  if (table.scalar_type() == at::kFloat && !std::is_same_v<T, float>)
+    p.cos_sin_cache_f32 = table.data_ptr<float>();
+  else
+    p.cos_sin_cache = reinterpret_cast<const T*>(table.data_ptr());
+  p.max_position = table.size(0);
+  // [pages, P, L + R]: the rope part at +L of each row; else latent [pages, P, L] and rope [pages, P, R]
+  const at::Tensor& lc = t.latent_cache;
+  C* latent = reinterpret_cast<C*>(lc.data_ptr());
+  p.latent_cache = {latent, lc.stride(0), lc.stride(1)};
+  if (t.rope_cache.has_value() && t.rope_cache->defined()) {
+    const at::Tensor& rc = *t.rope_cache;
+    p.rope_cache = {reinterpret_cast<C*>(rc.data_ptr()), rc.stride(0), rc.stride(1)};
+  } else {
+    p.rope_cache = {latent + l, lc.stride(0), lc.stride(1)};
+  }
+  p.page_size = lc.size(1);
+  p.num_pages = lc.size(0);
+  p.slot_mapping = t.slot_mapping.data_ptr<int64_t>();
+  p.kv_scale = data_or_null<float>(t.kv_scale);
+  p.error_flag = flag_ptr(t.error_flag);
+  p.enable_pdl = t.enable_pdl;
+  check(launch_mla_append(p, stream), "kvrope.mla_append_");
+}
+
+template <DType kDType>
+void mla_append_cuda(const MlaTensors& t, CacheType cache) {
+  using T = Elem<kDType>;
+  const c10::cuda::CUDAGuard guard(t.kv_c.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool int64_positions = t.positions.scalar_type() == at::kLong;
+  switch (cache) {
+    case CacheType::kFp8E4m3:
+      return int64_positions ? mla_typed<T, __nv_fp8_e4m3, int64_t>(t, stream)
+                             : mla_typed<T, __nv_fp8_e4m3, int32_t>(t, stream);
+    case CacheType::kFp8E5m2:
+      return int64_positions ? mla_typed<T, __nv_fp8_e5m2, int64_t>(t, stream)
+                             : mla_typed<T, __nv_fp8_e5m2, int32_t>(t, stream);
+    default:  // (check_mla_append: T, e4m3 or e5m2)
+      return int64_positions ? mla_typed<T, T, int64_t>(t, stream) : mla_typed<T, T, int32_t>(t, stream);
+  }
+}
+
 template <DType kDType>
 void forward_cuda(const ForwardTensors& t) {
   const c10::cuda::CUDAGuard guard(t.key_states.device());
@@ -288,5 +365,8 @@ template void backward_cuda<DType::kFp32>(const BackwardTensors&);
 template void append_cuda<DType::kBf16>(const AppendTensors&, CacheType);
 template void append_cuda<DType::kFp16>(const AppendTensors&, CacheType);
 template void append_cuda<DType::kFp32>(const AppendTensors&, CacheType);
+template void mla_append_cuda<DType::kBf16>(const MlaTensors&, CacheType);
+template void mla_append_cuda<DType::kFp16>(const MlaTensors&, CacheType);
+template void mla_append_cuda<DType::kFp32>(const MlaTensors&, CacheType);
 
 }  // namespace kvrope_torch

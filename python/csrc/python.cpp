@@ -12,8 +12,8 @@
 // Python warnings before any output is wrapped (a warning that the filters turn into an error then
 // leaks nothing).
 //
-// check_forward, check_forward_, check_backward and check_append take an op's arguments as above and run
-// only its checks (checks.cpp), for the CPU and fake implementations (_ops.py).
+// check_forward, check_forward_, check_backward, check_append and check_mla_append take an op's arguments as
+// above and run only its checks (checks.cpp), for the CPU and fake implementations (_ops.py).
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/object_ptr.h>
@@ -137,6 +137,9 @@ using AppendSig = void(const Optional&, const Tensor&, const Tensor&, const Tens
                        const Optional&, double, bool, c10::string_view, const Optional&, const Optional&,
                        const Optional&, int64_t, int64_t, const Optional&, bool, c10::IntArrayRef, bool,
                        const Optional&, const Optional&);
+using MlaAppendSig = void(const Optional&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&, const Optional&, const Optional&, const Optional&, c10::string_view,
+                          const Optional&, const Optional&, const Optional&, int64_t, bool);
 template <typename Out>
 using BackwardSig = Out(const Tensor&, const Tensor&, const Optional&, const Tensor&, const Tensor&, const Tensor&,
                         int64_t, int64_t, bool);
@@ -178,6 +181,20 @@ PyObject* rope_append_(PyObject*, PyObject* const* args, Py_ssize_t n) {
       a.optional(17, "v_scale"), a.optional(18, "error_flag"), a.integer(19, "rotary_dim"), a.integer(20, "style"),
       a.optional(21, "q_scale"), a.flag(22, "enable_pdl"), c10::IntArrayRef(mrope_section),
       a.flag(24, "mrope_interleaved"), a.optional(25, "key_cache_sf"), a.optional(26, "value_cache_sf"));
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* mla_append_(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  static const auto call = typed_op<MlaAppendSig>("kvrope::mla_append_");
+  const Args a("kvrope.mla_append_", args, n, 16);
+  const std::string kv_cache_dtype = a.text(10, "kv_cache_dtype");
+  run(call, a.optional(0, "query_pe"), a.tensor(1, "kv_c"), a.tensor(2, "k_pe"), a.tensor(3, "positions"),
+      a.tensor(4, "cos_sin_cache"), a.tensor(5, "latent_cache"), a.tensor(6, "slot_mapping"),
+      a.optional(7, "rope_cache"), a.optional(8, "query_nope"), a.optional(9, "query_out"),
+      c10::string_view(kv_cache_dtype), a.optional(11, "kv_scale"), a.optional(12, "q_scale"),
+      a.optional(13, "error_flag"), a.integer(14, "style"), a.flag(15, "enable_pdl"));
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -308,6 +325,34 @@ PyObject* check_append_any(PyObject*, PyObject* const* args, Py_ssize_t n) {
   END_HANDLE_TH_ERRORS
 }
 
+// kvrope::mla_append_'s checks (its arguments but enable_pdl); the caches' type as check_append's (0, 1 or 2),
+// or None where not checked.
+PyObject* check_mla_append_any(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  const Args a("kvrope.mla_append_", args, n, 15);
+  MlaTensors t;
+  t.query_pe = a.optional(0, "query_pe");
+  t.kv_c = a.tensor(1, "kv_c");
+  t.k_pe = a.tensor(2, "k_pe");
+  t.positions = a.tensor(3, "positions");
+  t.cos_sin_cache = a.tensor(4, "cos_sin_cache");
+  t.latent_cache = a.tensor(5, "latent_cache");
+  t.slot_mapping = a.tensor(6, "slot_mapping");
+  t.rope_cache = a.optional(7, "rope_cache");
+  t.query_nope = a.optional(8, "query_nope");
+  t.query_out = a.optional(9, "query_out");
+  t.kv_cache_dtype = a.text(10, "kv_cache_dtype");
+  t.kv_scale = a.optional(11, "kv_scale");
+  t.q_scale = a.optional(12, "q_scale");
+  t.error_flag = a.optional(13, "error_flag");
+  t.style = a.integer(14, "style");
+  if (symbolic(t.query_pe, t.kv_c, t.k_pe, t.positions, t.cos_sin_cache, t.latent_cache, t.slot_mapping, t.rope_cache,
+               t.query_nope, t.query_out, t.kv_scale, t.q_scale, t.error_flag))
+    Py_RETURN_NONE;
+  return PyLong_FromLong(static_cast<long>(check_mla_append(t)));
+  END_HANDLE_TH_ERRORS
+}
+
 #define KVROPE_FASTCALL(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(f))
 PyMethodDef methods[] = {
     {"forward", KVROPE_FASTCALL(forward), METH_FASTCALL, "kvrope::forward through the dispatcher"},
@@ -315,11 +360,14 @@ PyMethodDef methods[] = {
     {"backward", KVROPE_FASTCALL(backward), METH_FASTCALL, "kvrope::backward through the dispatcher"},
     {"backward_", KVROPE_FASTCALL(backward_), METH_FASTCALL, "kvrope::backward_ through the dispatcher"},
     {"rope_append_", KVROPE_FASTCALL(rope_append_), METH_FASTCALL, "kvrope::rope_append_ through the dispatcher"},
+    {"mla_append_", KVROPE_FASTCALL(mla_append_), METH_FASTCALL, "kvrope::mla_append_ through the dispatcher"},
     {"check_forward", KVROPE_FASTCALL(check_forward_functional), METH_FASTCALL, "kvrope::forward's checks"},
     {"check_forward_", KVROPE_FASTCALL(check_forward_inplace), METH_FASTCALL, "kvrope::forward_'s checks"},
     {"check_backward", KVROPE_FASTCALL(check_backward_any), METH_FASTCALL, "kvrope::backward(_)'s checks"},
     {"check_append", KVROPE_FASTCALL(check_append_any), METH_FASTCALL,
      "kvrope::rope_append_'s checks; the caches' type (0 the query's dtype, 1 fp8 e4m3, 2 fp8 e5m2, 3 NVFP4)"},
+    {"check_mla_append", KVROPE_FASTCALL(check_mla_append_any), METH_FASTCALL,
+     "kvrope::mla_append_'s checks; the caches' type (0 kv_c's dtype, 1 fp8 e4m3, 2 fp8 e5m2)"},
     {nullptr, nullptr, 0, nullptr}};
 #undef KVROPE_FASTCALL
 

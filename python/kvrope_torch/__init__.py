@@ -6,7 +6,8 @@ passed as its [B, H, S, D] view (``x.transpose(1, 2)``): only the last dim must 
 Per-token tables are [B, S, R] or [1, S, R] (shared by the batch); R <= D, the rest of a row passes
 through. ``style`` is ``"rotate_half"`` (Llama, Hugging Face) or ``"interleaved"`` (GPT-J).
 The serving forward (``rope_append_``, and ``rotary_embedding_and_cache`` with vLLM's calling convention)
-takes ragged tokens [T, heads, D] and a paged, flat, fp8 or NVFP4 KV cache. See python/README.md and docs/spec.md."""
+takes ragged tokens [T, heads, D] and a paged, flat, fp8 or NVFP4 KV cache; ``mla_append_`` is its MLA variant
+(DeepSeek-V2/V3: q_pe rotated, [kv_c | RoPE(k_pe)] into a latent cache). See python/README.md and docs/spec.md."""
 import operator
 from typing import Optional, Sequence, Tuple
 
@@ -17,7 +18,7 @@ from . import _C, _ops
 from ._math import INTERLEAVED, ROTATE_HALF
 
 __all__ = ["forward", "forward_", "backward", "backward_", "rope_append_", "rotary_embedding_and_cache",
-           "ERROR_POSITION_OUT_OF_RANGE", "ERROR_POSITION_ID_OUT_OF_RANGE", "ERROR_SLOT_OUT_OF_RANGE"]
+           "mla_append_", "ERROR_POSITION_OUT_OF_RANGE", "ERROR_POSITION_ID_OUT_OF_RANGE", "ERROR_SLOT_OUT_OF_RANGE"]
 
 ERROR_POSITION_OUT_OF_RANGE = _ops.ERROR_POSITION_OUT_OF_RANGE
 ERROR_POSITION_ID_OUT_OF_RANGE = _ops.ERROR_POSITION_ID_OUT_OF_RANGE
@@ -28,9 +29,9 @@ _STYLES = {"rotate_half": ROTATE_HALF, "interleaved": INTERLEAVED}
 # torch.compile's tracing. The ops check their arguments before any work, all with one copy of the checks
 # (csrc/checks.cpp; the CPU and fake ops call it as _C.check_*). The API adds only what its own arguments
 # need (the style's name, the tables' layout, a cache's layout, vLLM's shapes, reading the error flag).
-_FORWARD, _FORWARD_INPLACE, _BACKWARD, _BACKWARD_INPLACE, _APPEND = (
+_FORWARD, _FORWARD_INPLACE, _BACKWARD, _BACKWARD_INPLACE, _APPEND, _MLA_APPEND = (
     (getattr(_C, name), getattr(_ops.ops, name).default)
-    for name in ("forward", "forward_", "backward", "backward_", "rope_append_"))
+    for name in ("forward", "forward_", "backward", "backward_", "rope_append_", "mla_append_"))
 
 
 def _call(op, *args):
@@ -251,7 +252,8 @@ def rope_append_(query: Optional[torch.Tensor], key: torch.Tensor, value: torch.
           bool(norm_weight_plus_one), kv_cache_dtype, k_scale, v_scale, error_flag, 0, _style(style), q_scale,
           bool(enable_pdl), _mrope_section(mrope_section), bool(mrope_interleaved), key_cache_sf, value_cache_sf)
     if check:
-        _raise_on_flag(error_flag, cos_sin_cache.shape[0], key_cache)
+        slots = key_cache.shape[0] * (key_cache.shape[1] if key_cache.dim() == 4 else 1)
+        _raise_on_flag(error_flag, cos_sin_cache.shape[0], slots)
 
 
 def _mrope_section(section: Optional[Sequence[int]]) -> list:
@@ -265,13 +267,12 @@ def _mrope_section(section: Optional[Sequence[int]]) -> list:
 
 
 @torch.compiler.disable  # reads a device value: eager, a graph break under torch.compile (refused with fullgraph)
-def _raise_on_flag(error_flag: torch.Tensor, max_position: int, key_cache: torch.Tensor) -> None:
+def _raise_on_flag(error_flag: torch.Tensor, max_position: int, slots: int) -> None:
     flag = int(error_flag.item())
     if flag & ERROR_POSITION_ID_OUT_OF_RANGE:
         raise ValueError(f"kvrope: positions holds a position outside [0, max_position={max_position}): "
                          "its tokens wrote nothing")
     if flag & ERROR_SLOT_OUT_OF_RANGE:
-        slots = key_cache.shape[0] * (key_cache.shape[1] if key_cache.dim() == 4 else 1)
         raise ValueError(f"kvrope: slot_mapping holds a slot at or above num_pages * page_size = {slots}: "
                          "its tokens wrote no cache row")
 
@@ -350,3 +351,54 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
     _call(_APPEND, q, k, v, positions, cos_sin_cache, key_cache, value_cache, slots, q_out, None, True, None, None,
           1e-6, False, kv_cache_dtype, k_scale, v_scale, error_flag, 0, ROTATE_HALF if is_neox else INTERLEAVED,
           q_scale, bool(enable_pdl), sections, bool(mrope_interleaved), None, None)
+
+
+def mla_append_(query_pe: Optional[torch.Tensor], kv_c: torch.Tensor, k_pe: torch.Tensor, positions: torch.Tensor,
+                cos_sin_cache: torch.Tensor, latent_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
+                rope_cache: Optional[torch.Tensor] = None, query_nope: Optional[torch.Tensor] = None,
+                query_out: Optional[torch.Tensor] = None, kv_cache_dtype: str = "auto",
+                kv_scale: Optional[torch.Tensor] = None, q_scale: Optional[torch.Tensor] = None,
+                error_flag: Optional[torch.Tensor] = None, check: bool = False, style: str = "interleaved",
+                enable_pdl: bool = False) -> None:
+    """The MLA latent-cache append (DeepSeek-V2/V3, Kimi K2; docs/spec.md section 6.6), in place, in one launch:
+    kvrope's ``mla_append``, whose ``MlaAppendParams`` (include/kvrope/mla_append_params.cuh) documents each
+    field. The arguments are its fields by name, but: a float8_e4m3fn ``query_out`` is ``query_out_fp8`` and
+    ``q_scale`` its ``query_scale``; ``query_nope`` given sets ``write_query_nope``; an fp32 ``cos_sin_cache``
+    is ``cos_sin_cache_f32``; the caches' dtype (and ``kv_cache_dtype``) is C; ``latent_cache`` and
+    ``rope_cache`` are ``MlaCacheRows`` of the tensors' strides (without ``rope_cache``: ``mla_concat_latent``
+    and ``mla_concat_rope`` of ``latent_cache``); T, Hq, N, R, L, pages, P and max_position are the shapes'.
+
+    ``query_pe`` [T, Hq, R] (q's rotary part, or None) is rotated with the table cache ``cos_sin_cache``
+    [max_pos, R] (cos | sin, one angle a pair; kv_c's dtype or fp32) at ``positions`` [T] (int32 / int64): in
+    place, or into the last R dims of ``query_out`` [T, Hq, N + R], in kv_c's dtype or torch.float8_e4m3fn
+    (fp8_satfinite(x / q_scale) of the value rounded to kv_c's dtype; ``q_scale`` float32 of one element, None:
+    1; only with an fp8 query_out), query_pe then left as it was. ``query_nope`` [T, Hq, N], given with
+    ``query_out``, is copied (quantized alike) into its first N dims; without it they are left as they are. A
+    fused q [T, Hq, N + R] is query_nope = q[..., :N], query_pe = q[..., N:].
+
+    Per token t, the latent row [kv_c[t] | RoPE(k_pe[t])] (``kv_c`` [T, L], normed, not rotated; ``k_pe`` [T, R])
+    goes to slot ``slot_mapping[t]`` (int64; page s // P, offset s % P; negative: no row; repeated: the last
+    token wins) of ``latent_cache`` [pages, P, L + R] (vLLM's concat_and_cache_mla layout) or, with
+    ``rope_cache``, kv_c to ``latent_cache`` [pages, P, L] and RoPE(k_pe) to ``rope_cache`` [pages, P, R]
+    (FlashInfer's ckv and kpe). Any page and offset strides, the last dim contiguous; kv_c, k_pe and q may be
+    views of one projection. Caches in kv_c's dtype or fp8: torch.float8_e4m3fn / torch.float8_e5m2, or uint8
+    with ``kv_cache_dtype`` "fp8" / "fp8_e4m3" / "fp8_e5m2"; stored = fp8_satfinite(x / kv_scale) of the value
+    rounded to kv_c's dtype, ``kv_scale`` float32 of one element for both parts (None: 1; fp8 caches only).
+
+    ``style``: "interleaved" (pairs (2i, 2i + 1): DeepSeek's checkpoints, the default) or "rotate_half". Bad data
+    as ``rope_append_``'s: a slot at or above pages * P writes no row (q is still written) and ORs
+    ERROR_SLOT_OUT_OF_RANGE into ``error_flag`` (int32, one element); a position outside [0, max_pos) writes
+    nothing at all and ORs ERROR_POSITION_ID_OUT_OF_RANGE; ``check=True`` reads the flag after the call and
+    raises ValueError (a synchronization: refused under CUDA graph capture, a graph break under torch.compile).
+    Otherwise the call never synchronizes and allocates nothing. No autograd: in grad mode an input that
+    requires grad is refused. ``enable_pdl``: as ``rope_append_``'s (CUDA, sm_90+)."""
+    _refuse_grad("mla_append_", query_pe=query_pe, kv_c=kv_c, k_pe=k_pe, cos_sin_cache=cos_sin_cache,
+                 latent_cache=latent_cache, rope_cache=rope_cache, query_nope=query_nope)
+    if check:
+        _refuse_capture("the error flag", kv_c, "; pass error_flag and read it after the replay")
+        if error_flag is None:
+            error_flag = torch.zeros(1, dtype=torch.int32, device=kv_c.device)
+    _call(_MLA_APPEND, query_pe, kv_c, k_pe, positions, cos_sin_cache, latent_cache, slot_mapping, rope_cache,
+          query_nope, query_out, kv_cache_dtype, kv_scale, q_scale, error_flag, _style(style), bool(enable_pdl))
+    if check:
+        _raise_on_flag(error_flag, cos_sin_cache.shape[0], latent_cache.shape[0] * latent_cache.shape[1])

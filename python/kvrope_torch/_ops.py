@@ -179,6 +179,54 @@ def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_ca
         view[pages, offsets] = rows
 
 
+@torch.library.impl("kvrope::mla_append_", "cpu")
+def _mla_append_cpu(query_pe, kv_c, k_pe, positions, cos_sin_cache, latent_cache, slot_mapping, rope_cache=None,
+                    query_nope=None, query_out=None, kv_cache_dtype="auto", kv_scale=None, q_scale=None,
+                    error_flag=None, style=1, enable_pdl=False):
+    """The MLA append (docs/spec.md section 6.6). A token whose position is out of range writes nothing; a
+    negative or out-of-range slot writes no cache row; the last token naming a slot wins. q_pe rotated in place,
+    or into query_out's last R dims (q_nope copied into its first N when given; float8_e4m3fn: quantized with
+    q_scale as rope_append_'s); the latent row [kv_c | RoPE(k_pe)] into latent_cache's row (vLLM's one cache), or
+    kv_c into latent_cache's and RoPE(k_pe) into rope_cache's, quantized for fp8 caches (_fp8_bytes, kv_scale)."""
+    fmt = _CACHE_FORMATS[_C.check_mla_append(query_pe, kv_c, k_pe, positions, cos_sin_cache, latent_cache,
+                                             slot_mapping, rope_cache, query_nope, query_out, kv_cache_dtype,
+                                             kv_scale, q_scale, error_flag, style)]
+    ct = m.compute_dtype(kv_c.dtype)
+    r = k_pe.shape[-1]
+    cos, sin, ok = m.tables_from_cache(cos_sin_cache, positions, 1, style, ct)  # [1, T, R], [1, T]
+    ok = ok[0]
+
+    def rotated(x):  # [T, heads, R] in x's dtype, rounded once
+        return m.rope(x.to(ct).transpose(0, 1)[None], cos, sin, style)[0].transpose(0, 1).to(x.dtype)
+
+    if query_pe is not None:
+        rows, target = rotated(query_pe), query_pe
+        if query_out is not None:  # rows [N + R]: RoPE(q_pe) last, q_nope first where given
+            target = query_out if query_nope is not None else query_out[..., query_out.shape[-1] - r:]
+            rows = rows if query_nope is None else torch.cat((query_nope, rows), dim=-1)
+            if query_out.dtype == torch.float8_e4m3fn:  # written as bytes, as the caches
+                target, rows = target.view(torch.uint8), _fp8_bytes(rows, q_scale, torch.float8_e4m3fn, ct)
+        target.copy_(torch.where(ok[:, None, None], rows, target))
+    k_rot = rotated(k_pe[:, None])[:, 0]
+    page_size = latent_cache.shape[1]
+    num_slots = latent_cache.shape[0] * page_size
+    slots = slot_mapping
+    flag = ERROR_POSITION_ID_OUT_OF_RANGE if bool((~ok).any()) else 0
+    if bool(((slots >= num_slots) & ok).any()):
+        flag |= ERROR_SLOT_OUT_OF_RANGE
+    if error_flag is not None and flag:
+        error_flag.bitwise_or_(flag)
+    written, tokens = m.last_writers(slots, (slots >= 0) & (slots < num_slots) & ok, num_slots)
+    pages, offsets = written // page_size, written % page_size
+    parts = ((latent_cache, torch.cat((kv_c, k_rot), dim=-1)),) if rope_cache is None else (
+        (latent_cache, kv_c), (rope_cache, k_rot))
+    for cache, rows in parts:
+        rows = rows[tokens]
+        if fmt is not None:  # written as bytes: uint8 caches, and no float8 indexing kernels needed
+            cache, rows = cache.view(torch.uint8), _fp8_bytes(rows, kv_scale, fmt, ct)
+        cache[pages, offsets] = rows
+
+
 # --- fake implementations: shapes for torch.compile and opcheck ------------------------------------
 # The backward's outputs are contiguous whatever the inputs' strides, as the CPU and CUDA ops make them.
 
@@ -206,6 +254,15 @@ def _append_fake(query, key, value, positions, cos_sin_cache, key_cache, value_c
                     key_out, key_in_place, query_norm_weight, key_norm_weight, norm_eps, norm_weight_plus_one,
                     kv_cache_dtype, k_scale, v_scale, error_flag, rotary_dim, style, q_scale, list(mrope_section),
                     mrope_interleaved, key_cache_sf, value_cache_sf)
+    return None
+
+
+@torch.library.register_fake("kvrope::mla_append_")
+def _mla_append_fake(query_pe, kv_c, k_pe, positions, cos_sin_cache, latent_cache, slot_mapping, rope_cache=None,
+                     query_nope=None, query_out=None, kv_cache_dtype="auto", kv_scale=None, q_scale=None,
+                     error_flag=None, style=1, enable_pdl=False):
+    _C.check_mla_append(query_pe, kv_c, k_pe, positions, cos_sin_cache, latent_cache, slot_mapping, rope_cache,
+                        query_nope, query_out, kv_cache_dtype, kv_scale, q_scale, error_flag, style)
     return None
 
 

@@ -1,10 +1,13 @@
 """The tests' own eager reference, written from the op's definition (docs/spec.md sections 1-2) and
 Hugging Face's steps: ``apply_rotary_pos_emb`` on k, then ``index_copy_`` into the caches, in float64.
-The backward is autograd through it. Independent of kvrope_torch's code."""
+The backward is autograd through it; the MLA append (section 6.6) token by token. Independent of
+kvrope_torch's code."""
 import torch
 
-MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 52}
-MIN_EXPONENT = {torch.bfloat16: -126, torch.float16: -14, torch.float32: -126, torch.float64: -1022}
+MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 52,
+                 torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}
+MIN_EXPONENT = {torch.bfloat16: -126, torch.float16: -14, torch.float32: -126, torch.float64: -1022,
+                torch.float8_e4m3fn: -6, torch.float8_e5m2: -14}
 
 
 def rotate_half(x):  # Hugging Face's
@@ -60,13 +63,17 @@ def forward_sequential(k, v, key_cache, value_cache, cache_position, cos, sin, s
     return kc, vc, k_rot
 
 
-def within_tolerance(out, gold, abs_sum, dtype):
-    """|out - gold| <= ulp_dtype(gold) + 2^-21 A (docs/spec.md section 1.7), elementwise; returns the
+def ulp(x, dtype):
+    """The spacing of dtype's numbers at |x| (float64), subnormals' below the smallest normal."""
+    exponent = torch.floor(torch.log2(x.double().abs().clamp_min(1e-300))).clamp_min(MIN_EXPONENT[dtype])
+    return torch.pow(2.0, exponent - MANTISSA_BITS[dtype])
+
+
+def within_tolerance(out, gold, abs_sum, dtype, extra=0.0):
+    """|out - gold| <= ulp_dtype(gold) + 2^-21 A (docs/spec.md section 1.7) (+ extra), elementwise; returns the
     worst excess and its index for the message."""
     out, gold, abs_sum = out.double(), gold.double(), abs_sum.double()
-    exponent = torch.floor(torch.log2(gold.abs().clamp_min(1e-300))).clamp_min(MIN_EXPONENT[dtype])
-    ulp = torch.pow(2.0, exponent - MANTISSA_BITS[dtype])
-    excess = (out - gold).abs() - (ulp + 2.0 ** -21 * abs_sum)
+    excess = (out - gold).abs() - (ulp(gold, dtype) + 2.0 ** -21 * abs_sum + extra)
     worst = int(torch.argmax(excess)) if excess.numel() else 0
     return bool((excess <= 0).all()), (excess.flatten()[worst].item() if excess.numel() else 0.0), worst
 
@@ -86,6 +93,16 @@ def table_rotary(x, cos_sin_cache, positions, style, rotary_dim=0):
     cos, sin = rows[:, :r // 2], rows[:, r // 2:r]
     spread = (lambda t: torch.cat((t, t), -1)) if style == "rotate_half" else (lambda t: t.repeat_interleave(2, -1))
     out = apply_rotary(x.double().transpose(0, 1)[None], spread(cos)[None], spread(sin)[None], style)
+    return out[0].transpose(0, 1)
+
+
+def table_rotary_abs_sum(x, cos_sin_cache, positions, style):
+    """table_rotary's tolerance term A (rotary_abs_sum) for x [T, H, R] (all R elements rotated)."""
+    r = cos_sin_cache.shape[1]
+    rows = cos_sin_cache.double()[positions.long().clamp(0, cos_sin_cache.shape[0] - 1)]
+    cos, sin = rows[:, :r // 2], rows[:, r // 2:r]
+    spread = (lambda t: torch.cat((t, t), -1)) if style == "rotate_half" else (lambda t: t.repeat_interleave(2, -1))
+    out = rotary_abs_sum(x.double().transpose(0, 1)[None], spread(cos)[None], spread(sin)[None], style)
     return out[0].transpose(0, 1)
 
 
@@ -162,3 +179,39 @@ def _nearest_even(distance):
         best = torch.where(take, c, best)
         best_d = torch.where(take, d, best_d)
     return best
+
+
+# --- the MLA append (kvrope::mla_append_, docs/spec.md section 6.6) -----------------------------------
+
+def fp8(x, fmt, scale=None):
+    """x (in its dtype T) as an fp8 cache of format fmt stores it: fp8_satfinite(float(x) / scale) (scale one
+    float32, None: 1), the quotient in float32, saturated at the format's largest finite value, as fmt."""
+    x = x.float()
+    if scale is not None:
+        x = x / scale.float().reshape(())
+    big = torch.finfo(fmt).max
+    return x.clamp(-big, big).to(fmt)
+
+
+def mla_append(q_pe, kv_c, k_pe, positions, cos_sin_cache, slot_mapping, num_slots, style):
+    """The MLA append in float64, token by token in order, on CPU copies: RoPE(q_pe) [T, Hq, R] and its A (a
+    token whose position is outside [0, max_pos) keeps its rows: `valid`); for each slot of [0, num_slots) the
+    token whose row [kv_c | RoPE(k_pe)] it holds (the last valid token naming it) in `writer`, the rows
+    [T, L + R] and their A in `rows` and `rows_abs` (kv_c's A zero: a copy); and the error flag's bits."""
+    ok = (positions >= 0) & (positions < cos_sin_cache.shape[0])
+    q = None if q_pe is None else (table_rotary(q_pe, cos_sin_cache, positions, style),
+                                   table_rotary_abs_sum(q_pe, cos_sin_cache, positions, style))
+    k = table_rotary(k_pe[:, None], cos_sin_cache, positions, style)[:, 0]
+    k_abs = table_rotary_abs_sum(k_pe[:, None], cos_sin_cache, positions, style)[:, 0]
+    writer, flag = {}, 0
+    for t in range(kv_c.shape[0]):
+        s = int(slot_mapping[t])
+        if not ok[t]:
+            flag |= 2  # ERROR_POSITION_ID_OUT_OF_RANGE: the token writes nothing
+        elif s >= num_slots:
+            flag |= 4  # ERROR_SLOT_OUT_OF_RANGE: no cache row
+        elif s >= 0:
+            writer[s] = t
+    rows = torch.cat((kv_c.double(), k), -1)
+    rows_abs = torch.cat((torch.zeros_like(kv_c, dtype=torch.float64), k_abs), -1)
+    return dict(valid=ok, q=q, writer=writer, rows=rows, rows_abs=rows_abs, flag=flag)

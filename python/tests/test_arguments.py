@@ -1,5 +1,6 @@
 """Every argument of every public op, given one bad value, is named by the error it raises: the API's
-functions (kvrope_torch.forward, forward_, backward, backward_, rope_append_, rotary_embedding_and_cache)
+functions (kvrope_torch.forward, forward_, backward, backward_, rope_append_, rotary_embedding_and_cache,
+mla_append_)
 and the custom ops (torch.ops.kvrope.*), eager and fake (what torch.compile traces). The ops check with
 one copy of the checks (csrc/checks.cpp): the CPU and fake ops through kvrope_torch._C.check_*, the CUDA
 ops before their launch. CPU tensors, so all of it runs without a GPU; the CUDA variants are skipped
@@ -19,6 +20,7 @@ CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device"))]
 B, H, S, S_MAX, D = 2, 3, 5, 9, 8  # the heads ops' call
 T, HQ, HK, DA, PAGES, PAGE, MAX_POS = 5, 4, 2, 16, 4, 4, 40  # the serving forward's call
+MN, MR, ML = 8, 8, 24  # the MLA append's call: N, R, L
 STYLES = {"rotate_half": 0, "interleaved": 1}
 
 
@@ -113,6 +115,36 @@ def fp8_vllm_call(device):
 def mrope_vllm_call(device):
     c = vllm_call(device)
     return dict(c, positions=mrope_positions(c["positions"]), mrope_section=[2, 3, 3], mrope_interleaved=False)
+
+
+def mla_call(device, cache_dtype=torch.float32):
+    """A good MLA append: q_pe a view of q [T, Hq, N + R] rotated in place, vLLM's one cache [pages, P, L + R]."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(T, HQ, MN + MR, generator=g).to(device)
+    return dict(query_pe=q[..., MN:], kv_c=torch.randn(T, ML, generator=g).to(device),
+                k_pe=torch.randn(T, MR, generator=g).to(device), positions=torch.arange(T, device=device),
+                cos_sin_cache=table_cache(device, r=MR),
+                latent_cache=torch.zeros(PAGES, PAGE, ML + MR, device=device).to(cache_dtype),
+                slot_mapping=torch.arange(T, device=device), rope_cache=None, query_nope=None, query_out=None,
+                kv_cache_dtype="auto", kv_scale=None, q_scale=None, error_flag=None, style=1)
+
+
+def mla_split_call(device):
+    """FlashInfer's two caches: latent_cache [pages, P, L], rope_cache [pages, P, R]."""
+    c = mla_call(device)
+    return dict(c, latent_cache=c["latent_cache"][..., :ML].clone(), rope_cache=torch.zeros(PAGES, PAGE, MR,
+                                                                                            device=device))
+
+
+def mla_query_out_call(device):
+    """q_pe rotated into query_out [T, Hq, N + R] beside a copy of q_nope."""
+    c = mla_call(device)
+    q = torch.randn(T, HQ, MN + MR, device=device)
+    return dict(c, query_pe=q[..., MN:], query_nope=q[..., :MN], query_out=torch.empty_like(q))
+
+
+def mla_fp8_call(device):
+    return mla_call(device, torch.float8_e4m3fn)
 
 
 # --- the bad values ------------------------------------------------------------------------------
@@ -293,6 +325,53 @@ CASES = {
         Case("k_scale", lambda kw: kw.update(k_scale=torch.ones(3, device=kw["key"].device)), ValueError,
              call=nvfp4_append_call, label="nvfp4_shape"),
     ],
+    "mla_append_": [
+        Case("query_pe", edit("query_pe", lambda x: x[..., :4]), ValueError),
+        Case("query_pe", edit("query_pe", lambda x: x.double()), TypeError, label="dtype"),
+        Case("kv_c", edit("kv_c", lambda x: x.int()), TypeError),
+        Case("kv_c", edit("kv_c", lambda x: x[None]), ValueError, label="rank"),
+        Case("kv_c", edit("kv_c", lambda x: x[:, :0]), ValueError, label="no_latent_dims"),
+        Case("k_pe", edit("k_pe", lambda x: x[:, :5]), ValueError),
+        Case("k_pe", edit("k_pe", lambda x: x.half()), TypeError, label="dtype"),
+        Case("positions", edit("positions", lambda x: x.float()), TypeError),
+        Case("positions", edit("positions", lambda x: x[:2]), ValueError, label="length"),
+        Case("cos_sin_cache", edit("cos_sin_cache", lambda x: x[:, :4].contiguous()), ValueError),
+        Case("cos_sin_cache", edit("cos_sin_cache", lambda x: x.half()), TypeError, label="dtype"),
+        Case("latent_cache", edit("latent_cache", lambda x: x[..., :ML]), ValueError),
+        Case("latent_cache", edit("latent_cache", lambda x: x.int()), TypeError, label="dtype"),
+        Case("latent_cache", edit("latent_cache", lambda x: x[..., :MR + 2]), ValueError, call=mla_split_call,
+             label="split"),
+        Case("slot_mapping", edit("slot_mapping", lambda x: x.int()), TypeError),
+        Case("slot_mapping", edit("slot_mapping", lambda x: x[:2]), ValueError, label="length"),
+        Case("rope_cache", edit("rope_cache", lambda x: x[..., :4]), ValueError, call=mla_split_call),
+        Case("rope_cache", edit("rope_cache", lambda x: x[:, :1]), ValueError, call=mla_split_call, label="pages"),
+        Case("rope_cache", edit("rope_cache", lambda x: x.half()), TypeError, call=mla_split_call, label="dtype"),
+        Case("query_nope", lambda kw: kw.update(query_nope=torch.zeros(T, HQ, MN, device=kw["kv_c"].device)),
+             ValueError),
+        Case("query_nope", edit("query_nope", lambda x: x[:, :1]), ValueError, call=mla_query_out_call,
+             label="heads"),
+        Case("query_out", lambda kw: kw.update(query_out=torch.empty(T, HQ, MR - 2, device=kw["kv_c"].device)),
+             ValueError),
+        Case("query_out", edit("query_out", lambda x: x[..., 1:]), ValueError, call=mla_query_out_call,
+             label="nope_dims"),
+        Case("query_out", edit("query_out", lambda x: x.to(torch.float8_e5m2)), TypeError, call=mla_query_out_call,
+             label="fp8_format"),
+        Case("query_out", lambda kw: kw.update(query_pe=None, query_nope=None), ValueError, call=mla_query_out_call,
+             label="no_query_pe"),
+        Case("kv_cache_dtype", put(kv_cache_dtype="nvfp4"), ValueError),
+        Case("kv_cache_dtype", put(kv_cache_dtype="fp8_e5m2"), TypeError, call=mla_fp8_call, label="format"),
+        Case("kv_scale", lambda kw: kw.update(kv_scale=torch.ones(1, device=kw["kv_c"].device)), ValueError),
+        Case("kv_scale", lambda kw: kw.update(kv_scale=torch.ones(2, device=kw["kv_c"].device)), ValueError,
+             call=mla_fp8_call, label="shape"),
+        Case("kv_scale", lambda kw: kw.update(kv_scale=torch.ones(1, device=kw["kv_c"].device, dtype=torch.float64)),
+             TypeError, call=mla_fp8_call, label="dtype"),
+        Case("q_scale", lambda kw: kw.update(q_scale=torch.ones(1, device=kw["kv_c"].device)), ValueError),
+        Case("error_flag", lambda kw: kw.update(error_flag=torch.zeros(2, dtype=torch.int32,
+                                                                       device=kw["kv_c"].device)), ValueError),
+        Case("style", put(style=7), ValueError, "op"),
+        Case("style", put(style="neox"), ValueError, "api"),
+        Case("enable_pdl", put(enable_pdl="yes"), (TypeError, RuntimeError), "op", ours=False),
+    ],
     "rotary_embedding_and_cache": [
         Case("positions", edit("positions", lambda x: x.float()), TypeError),
         Case("query", edit("query", lambda x: x[:, :-3]), ValueError),
@@ -329,12 +408,14 @@ NO_BAD_VALUE = {
     "backward_": {"table_grads"},
     "rope_append_": {"check", "norm_weight_plus_one", "enable_pdl"},
     "rotary_embedding_and_cache": {"is_neox", "enable_pdl"},
+    "mla_append_": {"check", "enable_pdl"},
     "forward_": set(),
 }
 GOOD_CALLS = {"forward": heads_call, "forward_": forward_inplace_call, "backward": backward_call,
-              "backward_": backward_call, "rope_append_": append_call, "rotary_embedding_and_cache": vllm_call}
+              "backward_": backward_call, "rope_append_": append_call, "rotary_embedding_and_cache": vllm_call,
+              "mla_append_": mla_call}
 API_OPS = list(GOOD_CALLS)
-CUSTOM_OPS = ["forward", "forward_", "backward", "backward_", "rope_append_"]
+CUSTOM_OPS = ["forward", "forward_", "backward", "backward_", "rope_append_", "mla_append_"]
 
 
 def api_arguments(op):
