@@ -296,8 +296,8 @@ TEST_CASE("mla plan: DeepSeek-V3 on the vector path takes the instance of L = 51
   CHECK(plan.launched);
   CHECK(plan.vec_width == 8);
   CHECK(plan.fixed_dims);
-  CHECK(plan.q_lanes == 4);      // R / 16 = 4 units a query row
-  CHECK(plan.query_warps == 2);  // 16 query rows, 8 a warp
+  CHECK(plan.q_lanes == 4);        // R / 16 = 4 units a query row
+  CHECK(plan.query_warps == 2);    // 16 query rows, 8 a warp
   CHECK(plan.latent_blocks == 2);  // 64 tokens, 32 a latent tile
   CHECK(plan.block == kMlaBlockThreads);
   CHECK(plan.grid == 2 + 64 * 2 / 4);
