@@ -43,6 +43,19 @@ struct AppendCheck {
   std::string failure, note;
 };
 
+//! Once a case (`writer` still empty): `writer`, the last token naming each of the `num_slots` slots (-1: none),
+//! uploaded, and `counts`, the check's counters. The append's and the MLA cases' checks share it.
+inline void ensure_slot_writers(const std::vector<int64_t>& slots, int64_t num_slots, DeviceBuffer& writer,
+                                DeviceBuffer& counts, cudaStream_t stream) {
+  if (writer) return;
+  std::vector<int> w(static_cast<size_t>(num_slots), -1);
+  for (size_t t = 0; t < slots.size(); ++t) w[static_cast<size_t>(slots[t])] = static_cast<int>(t);
+  writer = DeviceBuffer(w.size() * sizeof(int));
+  // (from pageable memory: staged before the call returns)
+  KVROPE_BENCH_CUDA(cudaMemcpyAsync(writer.as<void>(), w.data(), writer.bytes(), cudaMemcpyHostToDevice, stream));
+  counts = DeviceBuffer(kAppendRegions * sizeof(CompareCounts));
+}
+
 //! The host's part of the check of the NVFP4 and mRoPE cases (AppendCaseData::check_reference): a call of case
 //! `sc` as kvrope::verify::check_append reads it, from host copies of qkv before and after the call ([T, (Hq +
 //! 2 H) D]: q in place, k in place with key_in_place, else read only), of the positions ([T], or [3, T] with
@@ -323,15 +336,7 @@ struct AppendCaseData : CaseDataBase {
   }
 
   // The writer of each slot (the last token naming it; -1: none) and the check's counts, made once a case.
-  void ensure_writer(cudaStream_t stream) {
-    if (writer) return;
-    std::vector<int> w(static_cast<size_t>(slots), -1);
-    for (int64_t t = 0; t < tokens; ++t)
-      w[static_cast<size_t>(host.slots[static_cast<size_t>(t)])] = static_cast<int>(t);
-    writer = DeviceBuffer(w.size() * sizeof(int));
-    upload(writer, w.data(), stream);  // staged before the call returns (pageable memory)
-    counts = DeviceBuffer(kAppendRegions * sizeof(CompareCounts));
-  }
+  void ensure_writer(cudaStream_t stream) { ensure_slot_writers(host.slots, slots, writer, counts, stream); }
 
   kvrope::PagedCache<const C> const_cache(const DeviceBuffer& buf) const {
     const kvrope::PagedCache<C> c = cache_of(buf);

@@ -44,6 +44,29 @@ __global__ void produce_qkv(const uint4* src, uint4* dst, int64_t n) {
     dst[i] = src[i];
 }
 
+// "serve-decode/kvrope case 7: ": how a check's messages name the case and variant.
+inline std::string check_who(const Options& opt, AppendVariant variant, const AppendCase& sc) {
+  return std::string(suite_name(opt.suite)) + "/" + append_variant_name(variant) + " case " + std::to_string(sc.id) +
+         ": ";
+}
+
+// A check's outcome counted in `cr` (a failure printed and kept, the first one for the summary): the variant's
+// label, "checked" or "CHECK FAILED".
+inline std::string record_check(AppendCaseResult& cr, const AppendCheck& c, const std::string& who) {
+  ++cr.checks;
+  if (c.failure.empty()) return "checked";
+  std::printf("CHECK FAILED %s%s\n", who.c_str(), c.failure.c_str());
+  if (cr.check_failure.empty()) cr.check_failure = who + c.failure;
+  return "CHECK FAILED";
+}
+
+// What a timed call left in the case's error flag, as run_timed reports it (empty: none).
+template <typename Data>
+std::string error_flag_raised(Data& data, cudaStream_t stream) {
+  const int flag = data.read_error_flag(stream);
+  return flag != 0 ? "the call raised error_flag = " + std::to_string(flag) : std::string();
+}
+
 // The benchmark of one (case, variant) of a serve suite; `slot` holds the case alive now.
 template <typename T, typename C>
 void run_append_variant(benchmark::State& state, Run& run, GpuClock& clock, std::unique_ptr<CaseDataBase>& slot,
@@ -100,25 +123,14 @@ void run_append_variant(benchmark::State& state, Run& run, GpuClock& clock, std:
       return;
     }
     checked = true;
-    ++cr.checks;
-    const std::string who = std::string(suite_name(opt.suite)) + "/" + append_variant_name(variant) + " case " +
-                            std::to_string(sc.id) + ": ";
-    if (!c.failure.empty()) {
-      std::printf("CHECK FAILED %s%s\n", who.c_str(), c.failure.c_str());
-      if (cr.check_failure.empty()) cr.check_failure = who + c.failure;
-      label = "CHECK FAILED";
-    } else {
-      label = "checked";
-    }
+    const std::string who = check_who(opt, variant, sc);
+    label = record_check(cr, c, who);
     if (!c.note.empty() && cr.check_note.empty()) cr.check_note = who + c.note;
   }
 
   VariantResult r;
   r.checked = checked;
-  auto after = [&]() -> std::string {
-    const int flag = data.read_error_flag(stream);
-    return flag != 0 ? "the call raised error_flag = " + std::to_string(flag) : std::string();
-  };
+  auto after = [&]() { return error_flag_raised(data, stream); };
   if (!run_timed(state, clock, opt.warmup, prepare, launch, status, launcher, after, r)) return;
 
   const double bytes = cr.bytes_of(variant), floor = cr.floor_of(variant);
@@ -165,24 +177,13 @@ void run_mla_variant(benchmark::State& state, Run& run, GpuClock& clock, std::un
       return;
     }
     checked = true;
-    ++cr.checks;
-    const std::string who = std::string(suite_name(opt.suite)) + "/" + append_variant_name(variant) + " case " +
-                            std::to_string(sc.id) + ": ";
-    if (!c.failure.empty()) {
-      std::printf("CHECK FAILED %s%s\n", who.c_str(), c.failure.c_str());
-      if (cr.check_failure.empty()) cr.check_failure = who + c.failure;
-      label = "CHECK FAILED";
-    } else {
-      label = "checked";
-    }
+    const std::string who = check_who(opt, variant, sc);
+    label = record_check(cr, c, who);
   }
 
   VariantResult r;
   r.checked = checked;
-  auto after = [&]() -> std::string {
-    const int flag = data.read_error_flag(stream);
-    return flag != 0 ? "the call raised error_flag = " + std::to_string(flag) : std::string();
-  };
+  auto after = [&]() { return error_flag_raised(data, stream); };
   if (!run_timed(state, clock, opt.warmup, prepare, launch, status, "mla_append", after, r)) return;
   set_time_counters(state, r, cr.bytes, cr.floor_us, sc.decode ? run.calibration.empty_kernel_us : -1);
   state.SetLabel(label);

@@ -227,14 +227,7 @@ struct MlaCaseData : CaseDataBase {
   AppendCheck check(Launch&& launch, const kvrope::Status& status, cudaStream_t stream) {
     AppendCheck out;
     const int64_t P = sc.page_size, row_bytes = row * static_cast<int64_t>(sizeof(C));
-    if (!writer) {
-      std::vector<int> w(static_cast<size_t>(slots), -1);
-      for (int64_t t = 0; t < tokens; ++t)
-        w[static_cast<size_t>(host.slots[static_cast<size_t>(t)])] = static_cast<int>(t);
-      writer = DeviceBuffer(w.size() * sizeof(int));
-      upload(writer, w.data(), stream);
-      counts = DeviceBuffer(kAppendRegions * sizeof(CompareCounts));
-    }
+    ensure_slot_writers(host.slots, slots, writer, counts, stream);
     reset(stream);
     launch(stream);
     KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
