@@ -6,8 +6,8 @@
 # the A/B of the base and this tree on AB_SUITES (unchecked; default six), this tree's CHECKED_SUITES
 # checked (default the serve suites, with the host time), FlashInfer's comparison (bench/flashinfer_compare.py,
 # dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it, COMPARE=setup only sets FlashInfer up for pytest), compute-sanitizer's SANITIZE_TOOLS (default all
-# four) over SANITIZE_BINARIES (default gpu_append*; SANITIZE=0 skips them) and pytest (PYTEST=0 skips it
-# and the package build). AB_DECODE_CASES / AB_PREFILL_CASES limit the A/B's serve cases (default: all);
+# four) over SANITIZE_BINARIES (default gpu_append*; SANITIZE=0 skips them) and pytest over PYTEST_TESTS (default
+# python/tests; PYTEST=0 skips it and the package build). AB_DECODE_CASES / AB_PREFILL_CASES limit the A/B's serve cases (default: all);
 # DECODE_VARIANTS the checked decode run's.
 # Logs in $OUT/logs.tar.gz (the device returns few files), the summary in $OUT/summary.txt. Carry .deps,
 # peers and BASE.
@@ -105,7 +105,7 @@ fi
 wait
 summary+=("package build: rc $(cat /tmp/package.rc) ($SECONDS s)")
 if [[ ${PYTEST:-1} == 1 ]] && (($(left) > 30)); then
-  timeout $(($(left) - 10)) python3 -m pytest python/tests -q -rs -x > "$logs/pytest.log" 2>&1
+  timeout $(($(left) - 10)) python3 -m pytest ${PYTEST_TESTS:-python/tests} -q -rs -x > "$logs/pytest.log" 2>&1
   summary+=("pytest: rc $? ($(tail -n 1 "$logs/pytest.log")) ($SECONDS s)")
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv,noheader | tee -a "$logs/gpu.txt"
