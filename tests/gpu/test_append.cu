@@ -225,7 +225,7 @@ TEST_CASE("append with mRoPE: cache layouts, a fused qkv buffer, misaligned view
       }
 }
 
-TEST_CASE("append with mRoPE: the tile path at every size, which gives the ordinary results", "[gpu][append][mrope]") {
+TEST_CASE("append with mRoPE takes the path of the same shape with ordinary positions", "[gpu][append][mrope]") {
   for (const int64_t tokens : {int64_t{1}, int64_t{37}, int64_t{detail::kAppendTokenMaxTokens + 1}}) {
     AppendConfig c;
     c.tokens = tokens;
@@ -238,9 +238,8 @@ TEST_CASE("append with mRoPE: the tile path at every size, which gives the ordin
     AppendPlan a, b;
     REQUIRE((AppendLaunchers<__nv_bfloat16, __nv_bfloat16, int64_t>::plan(plain.params, &a).ok()));
     REQUIRE((AppendLaunchers<__nv_bfloat16, __nv_bfloat16, int64_t>::plan(mrope.params, &b).ok()));
-    // (the few-token kernel has no per-pair rows: detail/append/plan.cuh, append_path)
     CHECK(a.path == (tokens <= detail::kAppendTokenMaxTokens ? AppendPath::kToken : AppendPath::kTile));
-    CHECK(b.path == AppendPath::kTile);
+    CHECK(b.path == a.path);
     mrope.run_and_check();
   }
 }

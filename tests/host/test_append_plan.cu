@@ -106,11 +106,13 @@ TEST_CASE("append plan: the path follows from the shape alone", "[host][plan]") 
   CHECK(append_path(append_args(p), 8) == AppendPath::kTile);
   CHECK(append_chunk(append_args(shape(8, 8, 32, 128))) == 8);
   CHECK(append_chunk(append_args(shape(8, 8, 32, 1024))) == 1);  // 64 units: a lane loops, a pair at a time
-  p = shape(1, 8, 32, 128);  // mRoPE: tiles at every size (they stage each token's composed table row)
-  p.mrope_section[0] = 16;
-  p.mrope_section[1] = p.mrope_section[2] = 24;
-  p.position_stream_stride = 1;
-  CHECK(append_path(append_args(p), 8) == AppendPath::kTile);
+  for (const int64_t tokens : {1, kAppendTokenMaxTokens, kAppendTokenMaxTokens + 1}) {
+    p = shape(tokens, 8, 32, 128);  // mRoPE: the path of the same shape with ordinary positions
+    p.mrope_section[0] = 16;
+    p.mrope_section[1] = p.mrope_section[2] = 24;
+    p.position_stream_stride = tokens;
+    CHECK(append_path(append_args(p), 8) == append_path(append_args(shape(tokens, 8, 32, 128)), 8));
+  }
 }
 
 TEST_CASE("append plan: few tokens take a warp a token's rows, nothing staged", "[host][plan]") {

@@ -21,19 +21,21 @@ template __global__ void kd::forward_kernel<bf16, 8, kd::TableSource::kPerToken>
 template __global__ void kd::forward_kernel<bf16, 8, kd::TableSource::kCacheT>(const kd::ForwardArgs<bf16>);
 template __global__ void kd::forward_kernel<bf16, 8, kd::TableSource::kCacheF32>(const kd::ForwardArgs<bf16>);
 template __global__ void kd::forward_kernel<float, 1, kd::TableSource::kPerToken>(const kd::ForwardArgs<float>);
-// The append: the tile kernel with rings (q in T, q in fp8) and without, the few-token kernel, each
-// cache format (T, fp8, NVFP4).
+// The append: the tile kernel with rings (q in T, q in fp8) and without, the few-token kernel (ordinary
+// positions and mRoPE), each cache format (T, fp8, NVFP4).
 template __global__ void kd::append_tile_kernel<bf16, bf16, 8, true, false>(const kd::AppendArgs<bf16, bf16>,
                                                                             const kd::AppendGeometry);
 template __global__ void kd::append_tile_kernel<bf16, fp8, 8, true, true>(const kd::AppendArgs<bf16, fp8>,
                                                                           const kd::AppendGeometry);
 template __global__ void kd::append_tile_kernel<float, float, 1, false, true>(const kd::AppendArgs<float, float>,
                                                                               const kd::AppendGeometry);
-template __global__ void kd::append_token_kernel<bf16, fp8, 8, true>(const kd::AppendArgs<bf16, fp8>,
-                                                                     const kd::AppendGeometry);
+template __global__ void kd::append_token_kernel<bf16, fp8, 8, true, false>(const kd::AppendArgs<bf16, fp8>,
+                                                                            const kd::AppendGeometry);
+template __global__ void kd::append_token_kernel<bf16, bf16, 8, true, true>(const kd::AppendArgs<bf16, bf16>,
+                                                                            const kd::AppendGeometry);
 template __global__ void kd::append_tile_kernel<bf16, kvrope::nvfp4_e2m1x2, 8, true, true>(
     const kd::AppendArgs<bf16, kvrope::nvfp4_e2m1x2>, const kd::AppendGeometry);
-template __global__ void kd::append_token_kernel<bf16, kvrope::nvfp4_e2m1x2, 8, true>(
+template __global__ void kd::append_token_kernel<bf16, kvrope::nvfp4_e2m1x2, 8, true, false>(
     const kd::AppendArgs<bf16, kvrope::nvfp4_e2m1x2>, const kd::AppendGeometry);
 // The MLA append: L = 512, R = 64 into an fp8 cache, and the scalar path.
 template __global__ void kd::mla_append_kernel<bf16, fp8, 8, 512, 64>(const kd::MlaArgs<bf16, fp8>,

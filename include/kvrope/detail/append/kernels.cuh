@@ -19,8 +19,10 @@ namespace kvrope::detail {
 //! The few-token path (vector chunks, a lane one unit): g.token_warps warps a token, rows
 //! j = w (32 / lanes) + lane / lanes of its warp w. Nothing staged and no barrier, so a row's longest
 //! chain is its position, then its table row, then its stores. A warp with a k or v row scans the later
-//! tokens' slots for its token's (the last writer wins). kQ8: the instance can write q in fp8.
-template <typename T, typename C, int N, bool kQ8>
+//! tokens' slots for its token's (the last writer wins). kQ8: the instance can write q in fp8. kMrope: the
+//! instance for positions [3, T] (mRoPE): a row's chain loads its token's three positions and each pair's
+//! angle from its stream's table row (the ordinary instances keep their registers: performance log #52).
+template <typename T, typename C, int N, bool kQ8, bool kMrope>
 __global__ void __launch_bounds__(kAppendTokenBlockThreads)
     append_token_kernel(const AppendArgs<T, C> a, const AppendGeometry g) {
   wait_for_prior_grids();  // (enable_pdl: the kernel before may still be writing q, k, v)
@@ -31,6 +33,12 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   if (token >= a.tokens) return;  // (the whole warp)
   // The chain's heads first: the position (then the table row), the slot (then the scan of later slots).
   const RawIndex raw_position = load_raw_index(a.positions, a.positions_are_int64, token);
+  RawIndex raw_streams[2];  // mRoPE: the token's second and third positions
+  if constexpr (kMrope) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      raw_streams[k] = load_raw_index(a.positions, a.positions_are_int64, token + (k + 1) * a.position_stream_stride);
+  }
   int64_t slot = a.heads > 0 ? a.slots[token] : -1;
   const int rows_per_warp = 32 / g.lanes;
   const int first = static_cast<int>(warp - static_cast<uint32_t>(token) * g.div_token_warps.divisor) * rows_per_warp;
@@ -43,10 +51,17 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   UnitChunks<T, N> x;
   if (active) x = load_chunks<T, N>(row_source(a, r), pl);  // nothing it needs is loaded
   const CallScales scales = call_scales<kQ8>(a);            // in flight beside the position, off its chain
-  const int64_t p = checked_position(a, index_value(raw_position, a.positions_are_int64));
+  int64_t p = checked_position(a, index_value(raw_position, a.positions_are_int64));
+  int64_t stream_p[2] = {0, 0};
+  if constexpr (kMrope) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) stream_p[k] = checked_position(a, index_value(raw_streams[k], a.positions_are_int64));
+    if (stream_p[0] < 0 || stream_p[1] < 0) p = -1;
+  }
   const bool in_range = slot >= 0 && slot < a.num_slots;
   // The warp's rows include a k or v row: whether the slot is this token's to write.
-  if (in_range && first + rows_per_warp > a.q_heads && first < per_token && later_names_slot(a, token, slot)) slot = -1;
+  if (in_range && first + rows_per_warp > a.q_heads && first < per_token && later_names_slot<kMrope>(a, token, slot))
+    slot = -1;
   if (first == 0 && lane == 0 && a.error_flag != nullptr) {
     if (p < 0)
       atomicOr(a.error_flag, kErrorPositionIdOutOfRange);
@@ -55,9 +70,14 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   }
   if (!row_ok) return;  // (whole groups)
   AppendRowContext<T, C> ctx;
-  const unsigned char* table = static_cast<const unsigned char*>(a.table) + p * append_table_bytes(a);
-  if (row_context(a, r, table, p < 0 ? -2 : in_range ? slot : -1, scales, ctx))
-    finish_row<T, C, N, kQ8>(a, g.lanes, ctx, pl, active, x);
+  const unsigned char* table = static_cast<const unsigned char*>(a.table);
+  if (row_context(a, r, table + p * append_table_bytes(a), p < 0 ? -2 : in_range ? slot : -1, scales, ctx)) {
+    if constexpr (kMrope) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) ctx.stream_table[k] = table + stream_p[k] * append_table_bytes(a);
+    }
+    finish_row<T, C, N, kQ8, kMrope>(a, g.lanes, ctx, pl, active, x);
+  }
 }
 
 //! The tile path. A block takes tiles (g.tile_tokens consecutive tokens, or a one-token tile's share of

@@ -28,18 +28,22 @@ Status launch_append(const AppendArgs<T, C>& a, cudaStream_t stream, bool depend
   using Kernel = void (*)(AppendArgs<T, C>, AppendGeometry);
   // Instances by path and chunk, and on the vector paths whether q goes out in fp8; the scalar path
   // decides that at run time. NVFP4 caches: the vector path only (validate), one instance a path that
-  // decides fp8 q at run time (a uniform branch a q row), so that the format adds two instances a T.
+  // decides fp8 q at run time (a uniform branch a q row). mRoPE: one few-token instance that decides fp8
+  // q at run time (the tile path stages composed table rows: its instances serve mRoPE as they are).
   const bool q8 = a.q_out_fp8.data != nullptr;
+  const bool mrope = a.mrope.kind != MropeKind::kNone;
   Kernel kernel = nullptr;
-  if constexpr (kIsNvfp4<C>) {
+  if (path == AppendPath::kToken && mrope) {
+    kernel = append_token_kernel<T, C, kWide, true, true>;
+  } else if constexpr (kIsNvfp4<C>) {
     kernel = path == AppendPath::kTile ? append_tile_kernel<T, C, kWide, true, true>
-                                       : append_token_kernel<T, C, kWide, true>;
+                                       : append_token_kernel<T, C, kWide, true, false>;
   } else if (path == AppendPath::kTile) {
     kernel = n != kWide ? append_tile_kernel<T, C, 1, false, true>
              : q8       ? append_tile_kernel<T, C, kWide, true, true>
                         : append_tile_kernel<T, C, kWide, true, false>;
   } else {
-    kernel = q8 ? append_token_kernel<T, C, kWide, true> : append_token_kernel<T, C, kWide, false>;
+    kernel = q8 ? append_token_kernel<T, C, kWide, true, false> : append_token_kernel<T, C, kWide, false, false>;
   }
   if (path == AppendPath::kTile) {
     int device = 0;

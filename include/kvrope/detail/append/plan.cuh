@@ -143,10 +143,7 @@ template <typename T, typename C>
 AppendPath append_path(const AppendArgs<T, C>& a, int n) {
   if (a.tokens == 0 || a.heads + a.q_heads == 0) return AppendPath::kNone;
   const bool wide = n * int64_t{sizeof(T)} == 16 && append_table_copy_bytes(a) == 16;
-  // mRoPE takes the tile path, which stages each token's row composed from its streams' rows: in the
-  // few-token kernel its per-pair rows took 63 -> 77 registers on every call (docs/performance-log.md #50).
-  const bool mrope = a.mrope.kind != MropeKind::kNone;
-  return wide && !mrope && a.tokens <= kAppendTokenMaxTokens ? AppendPath::kToken : AppendPath::kTile;
+  return wide && a.tokens <= kAppendTokenMaxTokens ? AppendPath::kToken : AppendPath::kTile;
 }
 
 //! Shared bytes of the row rings: kAppendRowStages rows of two 16-byte chunks a thread, on the vector

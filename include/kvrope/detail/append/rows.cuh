@@ -101,12 +101,13 @@ __device__ __forceinline__ CallScales call_scales(const AppendArgs<T, C>& a) {
 template <typename T, typename C>
 struct AppendRowContext {
   AppendRow r;
-  const unsigned char* table;   // the token's table row
-  C* cache_row;                 // the cache row to write, or null
-  __nv_fp8_e4m3* block_scales;  // NVFP4: the cache row's block scales
-  StoreScale scale;             // the scale of what the row stores (fp8 q or cache rows; NVFP4's g)
-  const T* norm;                // the norm weights, or null
-  float inv_rms;                // the row's norm factor
+  const unsigned char* table;            // the token's table row (mRoPE: its first stream's)
+  const unsigned char* stream_table[2];  // mRoPE on the few-token path: its second and third streams' rows
+  C* cache_row;                          // the cache row to write, or null
+  __nv_fp8_e4m3* block_scales;           // NVFP4: the cache row's block scales
+  StoreScale scale;                      // the scale of what the row stores (fp8 q or cache rows; NVFP4's g)
+  const T* norm;                         // the norm weights, or null
+  float inv_rms;                         // the row's norm factor
 };
 
 //! The context of row `r` whose token's table row is at `table` and whose slot to write is `slot` (-1:
@@ -149,12 +150,42 @@ __device__ __forceinline__ float row_inv_rms(const AppendArgs<T, C>& a, float sq
   return rsqrtf(square_sum / static_cast<float>(a.head_dim) + a.norm_eps);
 }
 
-//! A unit's angles from its row's table row (a q or k unit in the rotated part; else left unset).
-template <typename T, typename C, int N>
+//! With mRoPE on the few-token path: a unit's angles, each pair's from its stream's table row. Under
+//! contiguous sections a unit whose pairs all take one stream (most units) loads as without mRoPE; else
+//! an element at a time.
+template <typename E, typename T, typename C, int N>
+__device__ __forceinline__ void load_mrope_angles(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
+                                                  const UnitPlace& pl, RopeChunk<N>& c, RopeChunk<N>& s) {
+  // (the rows as values: a choice among the context's fields put the context in local memory)
+  const unsigned char *const first = ctx.table, *const second = ctx.stream_table[0], *const third = ctx.stream_table[1];
+  const MropeRule rule = a.mrope;
+  const auto row = [=](int pair) {
+    const int stream = rule.stream(pair);
+    return reinterpret_cast<const E*>(stream == 0 ? first : stream == 1 ? second : third);
+  };
+  const int64_t half = a.rotary_dim / 2;
+  const int last = pl.cross ? pl.pair_lo + N - 1 : pl.pair_hi + N / 2 - 1;  // (its streams rise with the pair)
+  if (rule.kind == MropeKind::kContiguous && rule.stream(pl.pair_lo) == rule.stream(last)) {
+    const E* cs = row(pl.pair_lo);
+    load_staged_angles<N>(cs, cs + half, pl, c, s);
+  } else {
+    load_pair_angles<N, E>(row, half, pl, c, s);
+  }
+}
+
+//! A unit's angles from its row's table row (a q or k unit in the rotated part; else left unset). kMrope:
+//! the few-token path's mRoPE instance, whose rows name a table row a stream (the tile path stages each
+//! token's row composed from its streams').
+template <typename T, typename C, int N, bool kMrope>
 __device__ __forceinline__ void load_unit_angles(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
                                                  const UnitPlace& pl, RopeChunk<N>& c, RopeChunk<N>& s) {
   if (ctx.r.kind == RowKind::kValue || !pl.rotated) return;
-  if (a.table_f32) {
+  if constexpr (kMrope) {
+    if (a.table_f32)
+      load_mrope_angles<float>(a, ctx, pl, c, s);
+    else
+      load_mrope_angles<T>(a, ctx, pl, c, s);
+  } else if (a.table_f32) {
     const float* cs = reinterpret_cast<const float*>(ctx.table);
     load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
   } else {
@@ -165,7 +196,7 @@ __device__ __forceinline__ void load_unit_angles(const AppendArgs<T, C>& a, cons
 
 //! Normalizes (when asked), rotates and rounds one unit of a q or k row; v rows come out as loaded. The
 //! angles load after the norm's weights (loaded first, both would be live at once: more registers).
-template <typename T, typename C, int N>
+template <typename T, typename C, int N, bool kMrope = false>
 __device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
                                             const UnitPlace& pl, UnitChunks<T, N>& x) {
   if (ctx.r.kind == RowKind::kValue || (ctx.norm == nullptr && !pl.rotated)) return;  // bit-exact copy
@@ -184,7 +215,7 @@ __device__ __forceinline__ void finish_unit(const AppendArgs<T, C>& a, const App
   }
   if (pl.rotated) {
     RopeChunk<N> c, s;
-    load_unit_angles<T, C, N>(a, ctx, pl, c, s);
+    load_unit_angles<T, C, N, kMrope>(a, ctx, pl, c, s);
     f = pl.cross ? rope_forward(f, c, s) : rope_forward_interleaved(f, c, s);
   }
   x.lo = Vec<T, N>::from_float(f.lo);
@@ -218,13 +249,13 @@ __device__ __forceinline__ void store_row_unit(const AppendArgs<T, C>& a, const 
 
 //! Finishes and stores a row from the unit `lane` holds (every lane of the row's group: the norm's sum
 //! is a group shuffle). An NVFP4 store's shuffles run under `active`: a block's lanes share it (validate's
-//! D and R multiples of 32 give a row whole blocks of units).
-template <typename T, typename C, int N, bool kQ8>
+//! D and R multiples of 32 give a row whole blocks of units). kMrope: load_unit_angles.
+template <typename T, typename C, int N, bool kQ8, bool kMrope = false>
 __device__ __forceinline__ void finish_row(const AppendArgs<T, C>& a, int lanes, AppendRowContext<T, C>& ctx,
                                            const UnitPlace& pl, bool active, UnitChunks<T, N>& x) {
   if (ctx.norm != nullptr) ctx.inv_rms = row_inv_rms(a, group_sum(active ? unit_square_sum(x) : 0.0f, lanes));
   if (active) {
-    finish_unit<T, C, N>(a, ctx, pl, x);
+    finish_unit<T, C, N, kMrope>(a, ctx, pl, x);
     store_row_unit<T, C, N, kQ8>(a, ctx, pl, x);
   }
 }

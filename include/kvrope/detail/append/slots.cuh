@@ -68,13 +68,13 @@ __device__ __forceinline__ bool later_names_slot(const int64_t* slots, int64_t t
   return __any_sync(0xffffffffu, found);
 }
 
-//! Whether a later token of the call with its position in range names `slot` (in range): the whole warp
-//! scans, every lane must call it.
-template <typename T, typename C>
+//! Whether a later token of the call with its position in range (kMrope: its three) names `slot` (in
+//! range): the whole warp scans, every lane must call it.
+template <bool kMrope, typename T, typename C>
 __device__ __forceinline__ bool later_names_slot(const AppendArgs<T, C>& a, int64_t token, int64_t slot) {
-  // (ordinary positions: mRoPE calls take the tile path, append_path)
-  return later_names_slot(a.slots, a.tokens, token, slot,
-                          [&](int64_t u) { return checked_position(a, stream_position(a, u, 0)) >= 0; });
+  return later_names_slot(a.slots, a.tokens, token, slot, [&](int64_t u) {
+    return (kMrope ? append_position(a, u) : checked_position(a, stream_position(a, u, 0))) >= 0;
+  });
 }
 
 //! An empty key of a tile's slot table (no slot in range has all bits set).

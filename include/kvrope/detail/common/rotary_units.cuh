@@ -36,18 +36,20 @@ __host__ __device__ __forceinline__ UnitPlace unit_place(RotaryStyle style, int6
   return {at, at + r / 2, at / 2, (at + r / 2) / 2, true, false};
 }
 
-//! A unit's tables from a table cache row (one angle a pair: cos at `cs`, sin at `sn`, elements of E),
-//! in fp32. The pairs span the chunks (element i of each is angle pair_lo + i), or each chunk holds
-//! N / 2 whole pairs (angles pair_lo + i / 2 and pair_hi + i / 2).
-template <int N, typename E>
-__device__ __forceinline__ void load_cached_angles(const E* cs, const E* sn, const UnitPlace& pl, RopeChunk<N>& c,
-                                                   RopeChunk<N>& s) {
+//! A unit's tables, an angle at a time, in fp32: angle `at` from the table cache row row(at) (elements of
+//! E, cos at [at], sin at [half + at]; one row for all but under mRoPE, where each pair has its stream's).
+//! The pairs span the chunks (element i of each is angle pair_lo + i), or each chunk holds N / 2 whole
+//! pairs (angles pair_lo + i / 2 and pair_hi + i / 2).
+template <int N, typename E, typename Row>
+__device__ __forceinline__ void load_pair_angles(Row&& row, int64_t half, const UnitPlace& pl, RopeChunk<N>& c,
+                                                 RopeChunk<N>& s) {
   float ac[N], as[N];
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const int at = pl.cross ? pl.pair_lo + i : (i < N / 2 ? pl.pair_lo + i : pl.pair_hi + i - N / 2);
+    const E* cs = row(at);
     ac[i] = to_float(cs[at]);
-    as[i] = to_float(sn[at]);
+    as[i] = to_float(cs[half + at]);
   }
 #pragma unroll
   for (int i = 0; i < N; ++i) {
@@ -56,6 +58,13 @@ __device__ __forceinline__ void load_cached_angles(const E* cs, const E* sn, con
     c.hi[i] = pl.cross ? ac[i] : ac[N / 2 + i / 2];
     s.hi[i] = pl.cross ? as[i] : as[N / 2 + i / 2];
   }
+}
+
+//! The same from one table cache row: cos at `cs`, sin `half` elements after it.
+template <int N, typename E>
+__device__ __forceinline__ void load_cached_angles(const E* cs, int64_t half, const UnitPlace& pl, RopeChunk<N>& c,
+                                                   RopeChunk<N>& s) {
+  load_pair_angles<N, E>([cs](int) { return cs; }, half, pl, c, s);
 }
 
 //! K consecutive elements of E at p (aligned to their size, a power of two of bytes), in fp32: one access

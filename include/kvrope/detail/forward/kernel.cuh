@@ -151,7 +151,7 @@ struct ForwardUnit {
     } else {
       using E = std::conditional_t<kSource == TableSource::kCacheF32, float, T>;
       const E* cs = static_cast<const E*>(a.table_cache) + table_row * a.rotary_dim;
-      load_cached_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
+      load_cached_angles<N>(cs, a.rotary_dim / 2, pl, c, s);
     }
   }
 
