@@ -7,7 +7,6 @@
 //   KVROPE_RANDOM_CONFIGS  configurations per run (default 300; the long run uses 2000 or more)
 //   KVROPE_RANDOM_SEED     seed of the run (default 20261202)
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 
 #include "support/append_problem.cuh"
@@ -16,11 +15,6 @@ using namespace kvrope;
 using namespace kvrope::testing;
 
 namespace {
-
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoll(v, nullptr, 10) : fallback;
-}
 
 // One random configuration; `dtype` picks T (0 bf16, 1 fp16, 2 fp32), `cache` C (0 T, 1 e4m3, 2 e5m2,
 // 3 NVFP4), `pos64` the position type.

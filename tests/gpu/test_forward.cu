@@ -3,8 +3,6 @@
 // padded and misaligned rows, repeated / negative / out-of-range positions; the naive reference too.
 #include <kvrope/reference/cpu_forward.hpp>
 
-#include <cstdlib>
-
 #include "verify/naive/naive_forward.cuh"
 #include "support/gpu_problem.cuh"
 #include "verify/check_forward.hpp"
@@ -277,10 +275,8 @@ TEST_CASE("forward: aligned rows take 16-byte accesses, misaligned ones the scal
 // Random configurations, as the backward's random test draws them: KVROPE_RANDOM_CONFIGS of them
 // (default 300), seeded by KVROPE_RANDOM_SEED (default 20261201); a failure prints its configuration.
 TEST_CASE("forward: random configurations match the float64 reference", "[gpu][forward][random]") {
-  const char* n = std::getenv("KVROPE_RANDOM_CONFIGS");
-  const char* sd = std::getenv("KVROPE_RANDOM_SEED");
-  const int64_t configs = n && *n ? std::strtoll(n, nullptr, 10) : 300;
-  const uint64_t seed = sd && *sd ? std::strtoull(sd, nullptr, 10) : 20261201;
+  const int64_t configs = env_int("KVROPE_RANDOM_CONFIGS", 300);
+  const uint64_t seed = static_cast<uint64_t>(env_int("KVROPE_RANDOM_SEED", 20261201));
   std::mt19937_64 rng(seed);
   auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   const int64_t compiled[] = {64, 80, 96, 128, 256};

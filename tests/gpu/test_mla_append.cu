@@ -4,13 +4,16 @@
 // styles; L = 512, R = 64 (the compiled instance), generic sizes on the vector path (L = 256, R = 32) and odd
 // ones on the scalar path (L = 511, R = 40), misaligned views; Hq = 16 and 128, no q; a fused q and separate
 // q_pe, q_nope; padding (-1), repeated and out-of-range slots, out-of-range positions; int32 and int64 positions;
-// fp32 and T tables; decode, prefill, an empty call; PDL and graph capture. Every output is poisoned (0xFF bytes)
-// before each launch; every element of every output buffer is checked: a copy bit for bit (fp8: the reference's
-// code), a rotated value within the tolerance of §1.7 (fp8: the code of a value in T within it), everything the
-// call must not write unchanged; then the error flag (tests/support/mla_case.hpp).
+// fp32 and T tables; decode, prefill, an empty call; PDL and graph capture; random configurations of all of these
+// (KVROPE_RANDOM_CONFIGS, KVROPE_RANDOM_SEED). Every output is poisoned (0xFF bytes) before each launch; every
+// element of every output buffer is checked: a copy bit for bit (fp8: the reference's code), a rotated value
+// within the tolerance of §1.7 (fp8: the code of a value in T within it), everything the call must not write
+// unchanged; then the error flag (tests/support/mla_case.hpp).
 #include <kvrope/mla_append.cuh>
 
 #include <cstdint>
+#include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -426,4 +429,114 @@ TEST_CASE("mla append: programmatic dependent launch and graph capture give the 
       c.qmode = QMode::kOutFp8Nope;
       run_case<__half, __nv_fp8_e5m2>(c);
     }
+}
+
+namespace {
+
+// One random MLA configuration; `dtype` picks T (0 bf16, 1 fp16, 2 fp32), `cache` C (0 T, 1 e4m3, 2 e5m2).
+struct MlaDraw {
+  MlaConfig cfg;
+  int dtype, cache;
+};
+
+MlaDraw draw_mla(std::mt19937_64& rng, uint64_t seed) {
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  MlaDraw d{};
+  MlaConfig& c = d.cfg;
+  d.dtype = static_cast<int>(uniform(0, 2));
+  d.cache = static_cast<int>(uniform(0, 2));
+  c.pos64 = uniform(0, 1) == 1;
+  // Mostly the compiled L = 512, R = 64 (N: DeepSeek's 128, none, the absorbed 512, or any, which may send q's
+  // outputs to the scalar path); kShapes' others; whole chunks of 16 bytes (the vector path for any sizes); any
+  // L, even R, any N (mostly the scalar path). validate asks only N >= 0, R even and positive, L positive.
+  const int64_t shape = uniform(0, 9);
+  if (shape < 6) {
+    set_shape(c, kShapes[0]);
+    const int64_t n = uniform(0, 7);
+    c.nope_dim = n == 0 ? 0 : n == 1 ? 512 : n == 2 ? uniform(1, 256) : 128;
+  } else if (shape == 6) {
+    set_shape(c, kShapes[uniform(1, 3)]);
+  } else if (shape < 9) {
+    c.latent_dim = 16 * uniform(1, 64);
+    c.rotary_dim = 16 * uniform(1, 8);
+    c.nope_dim = 16 * uniform(0, 16);
+  } else {
+    c.latent_dim = uniform(1, 1024);
+    c.rotary_dim = 2 * uniform(1, 80);
+    c.nope_dim = uniform(0, 256);
+  }
+  c.style = uniform(0, 1) ? RotaryStyle::kInterleaved : RotaryStyle::kRotateHalf;
+  c.split = uniform(0, 1) == 1;
+  c.qmode = kQModes[uniform(0, 4)];
+  c.fused_q = uniform(0, 2) != 0;
+  c.table_f32 = uniform(0, 1) == 1;
+  // Decode, a few tiles of 32 tokens, prefill, now and then an empty call; Hq mostly 16 or 128, sometimes none.
+  const int64_t size = uniform(0, 9);
+  c.tokens = size == 0   ? 1
+             : size == 1 ? uniform(200, 1500)
+             : size == 2 ? (uniform(0, 3) == 0 ? 0 : uniform(65, 200))
+                         : uniform(1, 64);
+  const int64_t heads = uniform(0, 15);
+  c.query_heads = heads == 0 ? 0 : heads < 7 ? 16 : heads < 12 ? 128 : uniform(1, 128);
+  // Keep each configuration to a few million elements (q's rows, the projection) so that thousands run in
+  // minutes: fewer tokens, or fewer heads.
+  constexpr int64_t kMost = int64_t{1} << 22;
+  const int64_t W = c.nope_dim + c.rotary_dim;
+  const bool fewer_tokens = uniform(0, 1) == 1;
+  while (c.tokens * c.query_heads * W > kMost) {
+    if (fewer_tokens || c.query_heads == 1)
+      c.tokens = (c.tokens + 1) / 2;
+    else
+      c.query_heads /= 2;
+  }
+  while (c.tokens * (c.latent_dim + c.rotary_dim) > kMost / 2) c.tokens /= 2;
+  const int64_t pages[] = {1, 16, 64};
+  c.page_size = uniform(0, 4) < 4 ? pages[uniform(0, 2)] : uniform(2, 128);
+  c.slots = kSlots[uniform(0, 3)];
+  if (uniform(0, 5) == 0) c.offset = 1;  // misaligned by one element: the scalar path
+  const int64_t pad = uniform(0, 3);
+  c.pad = pad == 0 ? 0 : pad == 1 ? (uniform(0, 2) ? 8 * uniform(1, 4) : uniform(1, 9)) : 16;
+  if (d.cache != 0 || c.q_fp8()) {
+    c.scales = uniform(0, 3) != 0;
+    if (uniform(0, 5) == 0) c.scale_magnitude = uniform(0, 1) ? 0.003f : 50.0f;  // saturation, subnormals
+  }
+  const int64_t launch = uniform(0, 9);
+  c.launch = launch == 0 ? Launch::kPdl : launch == 1 ? Launch::kGraph : Launch::kDirect;
+  if (c.tokens == 0) c.launch = Launch::kDirect;  // (an empty call launches nothing: none to capture)
+  c.seed = seed;
+  return d;
+}
+
+template <typename T>
+void run_mla_dtype(const MlaDraw& d) {
+  switch (d.cache) {
+    case 0: run_case<T, T>(d.cfg); break;
+    case 1: run_case<T, __nv_fp8_e4m3>(d.cfg); break;
+    default: run_case<T, __nv_fp8_e5m2>(d.cfg); break;
+  }
+}
+
+}  // namespace
+
+// Seeded and reproducible: every failure prints its configuration and the run's seed.
+//   KVROPE_RANDOM_CONFIGS  configurations per run (default 300; a long run thousands)
+//   KVROPE_RANDOM_SEED     seed of the run (default 20261207)
+TEST_CASE("mla append: random configurations match the float64 reference", "[gpu][mla][random]") {
+  const int64_t configs = env_int("KVROPE_RANDOM_CONFIGS", 300);
+  const uint64_t seed = static_cast<uint64_t>(env_int("KVROPE_RANDOM_SEED", 20261207));
+  std::printf("random mla configurations: %lld, seed %llu (KVROPE_RANDOM_CONFIGS, KVROPE_RANDOM_SEED)\n",
+              static_cast<long long>(configs), static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  for (int64_t i = 0; i < configs; ++i) {
+    const MlaDraw d = draw_mla(rng, seed * 1000003u + static_cast<uint64_t>(i));
+    const char* dtypes[] = {"bf16", "fp16", "fp32"};
+    const char* caches[] = {"cache T", "cache e4m3", "cache e5m2"};
+    INFO("run seed " << seed << ", configuration " << i << " of " << configs << ", " << dtypes[d.dtype] << ", "
+                     << caches[d.cache] << ": " << d.cfg.describe());
+    switch (d.dtype) {
+      case 0: run_mla_dtype<__nv_bfloat16>(d); break;
+      case 1: run_mla_dtype<__half>(d); break;
+      default: run_mla_dtype<float>(d); break;
+    }
+  }
 }

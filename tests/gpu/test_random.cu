@@ -5,7 +5,6 @@
 //   KVROPE_RANDOM_CONFIGS  configurations per run (default 300; the long run uses 2000 or more)
 //   KVROPE_RANDOM_SEED     seed of the run (default 20261129)
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 
 #include "support/gpu_problem.cuh"
@@ -14,11 +13,6 @@ using namespace kvrope;
 using namespace kvrope::testing;
 
 namespace {
-
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoll(v, nullptr, 10) : fallback;
-}
 
 // One random configuration; `dtype` picks the element type (0 bf16, 1 fp16, 2 fp32), `pos64` the
 // position type.

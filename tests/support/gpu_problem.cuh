@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -21,6 +22,13 @@
 #include "verify/launchers.cuh"
 
 namespace kvrope::testing {
+
+//! The integer in environment variable `name` (the random tests' KVROPE_RANDOM_CONFIGS, KVROPE_RANDOM_SEED),
+//! or `fallback` when it is unset or empty.
+inline int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoll(v, nullptr, 10) : fallback;
+}
 
 //! Owns a device allocation of `count` elements of T.
 template <typename T>

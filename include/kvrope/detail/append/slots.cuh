@@ -72,9 +72,19 @@ __device__ __forceinline__ bool later_names_slot(const int64_t* slots, int64_t t
 //! range): the whole warp scans, every lane must call it.
 template <bool kMrope, typename T, typename C>
 __device__ __forceinline__ bool later_names_slot(const AppendArgs<T, C>& a, int64_t token, int64_t slot) {
-  return later_names_slot(a.slots, a.tokens, token, slot, [&](int64_t u) {
-    return (kMrope ? append_position(a, u) : checked_position(a, stream_position(a, u, 0))) >= 0;
-  });
+  bool found = later_names_slot(a.slots, a.tokens, token, slot,
+                                [&](int64_t u) { return checked_position(a, stream_position(a, u, 0)) >= 0; });
+  if constexpr (kMrope) {
+    // Only when a later token names the slot (warp-uniform), those tokens again, one at a time, with their
+    // three positions (checked in the batched scan they held 17 more registers).
+    if (found) {
+      bool any = false;
+      for (int64_t u = token + 1 + (threadIdx.x & 31); u < a.tokens; u += 32)
+        if (a.slots[u] == slot && append_position(a, u) >= 0) any = true;
+      found = __any_sync(0xffffffffu, any);
+    }
+  }
+  return found;
 }
 
 //! An empty key of a tile's slot table (no slot in range has all bits set).
