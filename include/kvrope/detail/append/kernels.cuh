@@ -47,6 +47,7 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   const int unit = lane & (g.lanes - 1);
   const bool row_ok = j < per_token, active = row_ok && unit < g.units;
   const UnitPlace pl = unit_place<N>(a.style, a.rotary_dim, a.head_dim, g.rotary_units, unit);
+  const int unit_stream = kMrope ? mrope_unit_stream<N>(a.mrope, pl) : 0;  // (off the chain: no position needed)
   const AppendRow r = token_row(a, token, 0, j);
   UnitChunks<T, N> x;
   if (active) x = load_chunks<T, N>(row_source(a, r), pl);  // nothing it needs is loaded
@@ -71,8 +72,11 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   if (!row_ok) return;  // (whole groups)
   AppendRowContext<T, C> ctx;
   const unsigned char* table = static_cast<const unsigned char*>(a.table);
-  if (row_context(a, r, table + p * append_table_bytes(a), p < 0 ? -2 : in_range ? slot : -1, scales, ctx)) {
+  // mRoPE: a unit of one stream reads that stream's row as an ordinary unit reads its token's.
+  const int64_t unit_p = unit_stream == 1 ? stream_p[0] : unit_stream == 2 ? stream_p[1] : p;
+  if (row_context(a, r, table + unit_p * append_table_bytes(a), p < 0 ? -2 : in_range ? slot : -1, scales, ctx)) {
     if constexpr (kMrope) {
+      ctx.mixed_streams = unit_stream < 0;
 #pragma unroll
       for (int k = 0; k < 2; ++k) ctx.stream_table[k] = table + stream_p[k] * append_table_bytes(a);
     }

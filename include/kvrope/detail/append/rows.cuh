@@ -101,8 +101,9 @@ __device__ __forceinline__ CallScales call_scales(const AppendArgs<T, C>& a) {
 template <typename T, typename C>
 struct AppendRowContext {
   AppendRow r;
-  const unsigned char* table;            // the token's table row (mRoPE: its first stream's)
-  const unsigned char* stream_table[2];  // mRoPE on the few-token path: its second and third streams' rows
+  const unsigned char* table;            // the token's table row (mRoPE: the unit's stream's, else the first's)
+  const unsigned char* stream_table[2];  // mRoPE, a unit of several streams: the second and third streams' rows
+  bool mixed_streams;                    // mRoPE on the few-token path: the unit's pairs take several streams
   C* cache_row;                          // the cache row to write, or null
   __nv_fp8_e4m3* block_scales;           // NVFP4: the cache row's block scales
   StoreScale scale;                      // the scale of what the row stores (fp8 q or cache rows; NVFP4's g)
@@ -150,9 +151,16 @@ __device__ __forceinline__ float row_inv_rms(const AppendArgs<T, C>& a, float sq
   return rsqrtf(square_sum / static_cast<float>(a.head_dim) + a.norm_eps);
 }
 
-//! With mRoPE on the few-token path: a unit's angles, each pair's from its stream's table row. Under
-//! contiguous sections a unit whose pairs all take one stream (most units) loads as without mRoPE; else
-//! an element at a time.
+//! The stream all pairs of unit `pl` take under mRoPE rule `rule` (contiguous sections: most units), or -1
+//! when they take several (each pair's angle then loads from its stream's row: load_mrope_angles).
+template <int N>
+__device__ __forceinline__ int mrope_unit_stream(const MropeRule& rule, const UnitPlace& pl) {
+  const int last = pl.cross ? pl.pair_lo + N - 1 : pl.pair_hi + N / 2 - 1;  // (its streams rise with the pair)
+  const int stream = rule.stream(pl.pair_lo);
+  return rule.kind == MropeKind::kContiguous && stream == rule.stream(last) ? stream : -1;
+}
+
+//! With mRoPE, a unit whose pairs take several streams: its angles, each pair's from its stream's table row.
 template <typename E, typename T, typename C, int N>
 __device__ __forceinline__ void load_mrope_angles(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
                                                   const UnitPlace& pl, RopeChunk<N>& c, RopeChunk<N>& s) {
@@ -163,14 +171,7 @@ __device__ __forceinline__ void load_mrope_angles(const AppendArgs<T, C>& a, con
     const int stream = rule.stream(pair);
     return reinterpret_cast<const E*>(stream == 0 ? first : stream == 1 ? second : third);
   };
-  const int64_t half = a.rotary_dim / 2;
-  const int last = pl.cross ? pl.pair_lo + N - 1 : pl.pair_hi + N / 2 - 1;  // (its streams rise with the pair)
-  if (rule.kind == MropeKind::kContiguous && rule.stream(pl.pair_lo) == rule.stream(last)) {
-    const E* cs = row(pl.pair_lo);
-    load_staged_angles<N>(cs, cs + half, pl, c, s);
-  } else {
-    load_pair_angles<N, E>(row, half, pl, c, s);
-  }
+  load_pair_angles<N, E>(row, a.rotary_dim / 2, pl, c, s);
 }
 
 //! A unit's angles from its row's table row (a q or k unit in the rotated part; else left unset). kMrope:
@@ -181,11 +182,15 @@ __device__ __forceinline__ void load_unit_angles(const AppendArgs<T, C>& a, cons
                                                  const UnitPlace& pl, RopeChunk<N>& c, RopeChunk<N>& s) {
   if (ctx.r.kind == RowKind::kValue || !pl.rotated) return;
   if constexpr (kMrope) {
-    if (a.table_f32)
-      load_mrope_angles<float>(a, ctx, pl, c, s);
-    else
-      load_mrope_angles<T>(a, ctx, pl, c, s);
-  } else if (a.table_f32) {
+    if (ctx.mixed_streams) {
+      if (a.table_f32)
+        load_mrope_angles<float>(a, ctx, pl, c, s);
+      else
+        load_mrope_angles<T>(a, ctx, pl, c, s);
+      return;
+    }
+  }
+  if (a.table_f32) {
     const float* cs = reinterpret_cast<const float*>(ctx.table);
     load_staged_angles<N>(cs, cs + a.rotary_dim / 2, pl, c, s);
   } else {
