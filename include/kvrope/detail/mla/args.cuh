@@ -21,6 +21,9 @@ inline constexpr int kMlaTileTokens = 32;
 //! Entries of a latent tile's slot table (open addressing): a power of two, twice the tile's tokens.
 inline constexpr int kMlaHashSlots = 2 * kMlaTileTokens;
 static_assert(kMlaTileTokens <= kMlaBlockThreads, "a thread stages each token of a latent tile");
+//! Chunks of q_nope a lane loads before storing any: one round for DeepSeek's N = 512 at 4 lanes a row (the
+//! copy one chunk at a time waited for each load: 16 round trips, 14 us a decode call with q in fp8).
+inline constexpr int kMlaNopeLoads = 8;
 //! The sizes the fixed instance is compiled for (DeepSeek-V2/V3, Kimi K2): L = 512, R = 64.
 inline constexpr int kMlaFixedLatentDim = 512;
 inline constexpr int kMlaFixedRotaryDim = 64;

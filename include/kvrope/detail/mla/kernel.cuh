@@ -220,13 +220,19 @@ __device__ __forceinline__ void mla_query_row(const MlaArgs<T, C>& a, const MlaG
       store_unit(a.q_rot.row(token, j), pl, x, StoreScale{});
   }
   if (g.nope_chunks == 0) return;
+  // q_nope's chunks, kMlaNopeLoads a lane in flight before any is stored.
   const T* q_nope = a.q_nope.row(token, j);
-  for (int u = lane; u < g.nope_chunks; u += lanes) {
-    const Vec<T, N> x = load_vec<cub::LOAD_CS, T, N>(q_nope + u * N);
-    if (fp8)
-      store_chunk<__nv_fp8_e4m3>(a.q_copy8.row(token, j) + u * N, x, scale);
-    else
-      store_chunk<T>(a.q_copy.row(token, j) + u * N, x, StoreScale{});
+  for (int u0 = lane; u0 < g.nope_chunks; u0 += kMlaNopeLoads * lanes) {
+    Vec<T, N> x[kMlaNopeLoads];
+#pragma unroll
+    for (int k = 0; k < kMlaNopeLoads; ++k)
+      if (u0 + k * lanes < g.nope_chunks) x[k] = load_vec<cub::LOAD_CS, T, N>(q_nope + (u0 + k * lanes) * N);
+#pragma unroll
+    for (int k = 0; k < kMlaNopeLoads; ++k) {
+      const int u = u0 + k * lanes;
+      if (u < g.nope_chunks && fp8) store_chunk<__nv_fp8_e4m3>(a.q_copy8.row(token, j) + u * N, x[k], scale);
+      if (u < g.nope_chunks && !fp8) store_chunk<T>(a.q_copy.row(token, j) + u * N, x[k], StoreScale{});
+    }
   }
 }
 
