@@ -130,16 +130,13 @@ void run_dtype(const Draw& d) {
 }  // namespace
 
 TEST_CASE("append: random configurations match the float64 reference", "[gpu][append][random]") {
-  const int64_t configs = env_int("KVROPE_RANDOM_CONFIGS", 300);
-  const uint64_t seed = static_cast<uint64_t>(env_int("KVROPE_RANDOM_SEED", 20261202));
-  std::printf("random append configurations: %lld, seed %llu (KVROPE_RANDOM_CONFIGS, KVROPE_RANDOM_SEED)\n",
-              static_cast<long long>(configs), static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
-  for (int64_t i = 0; i < configs; ++i) {
-    const Draw d = draw(rng, seed * 1000003u + static_cast<uint64_t>(i));
+  const RandomRun run = random_run("append", 20261202);
+  std::mt19937_64 rng(run.seed);
+  for (int64_t i = 0; i < run.configs; ++i) {
+    const Draw d = draw(rng, run.config_seed(i));
     const char* dtypes[] = {"bf16", "fp16", "fp32"};
     const char* caches[] = {"cache T", "cache e4m3", "cache e5m2", "cache NVFP4"};
-    INFO("run seed " << seed << ", configuration " << i << " of " << configs << ", " << dtypes[d.dtype] << ", "
+    INFO("run seed " << run.seed << ", configuration " << i << " of " << run.configs << ", " << dtypes[d.dtype] << ", "
                      << caches[d.cache] << (d.pos64 ? ", int64" : ", int32") << " positions: " << d.cfg.describe());
     switch (d.dtype) {
       case 0: run_dtype<__nv_bfloat16>(d); break;

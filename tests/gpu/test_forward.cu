@@ -275,15 +275,14 @@ TEST_CASE("forward: aligned rows take 16-byte accesses, misaligned ones the scal
 // Random configurations, as the backward's random test draws them: KVROPE_RANDOM_CONFIGS of them
 // (default 300), seeded by KVROPE_RANDOM_SEED (default 20261201); a failure prints its configuration.
 TEST_CASE("forward: random configurations match the float64 reference", "[gpu][forward][random]") {
-  const int64_t configs = env_int("KVROPE_RANDOM_CONFIGS", 300);
-  const uint64_t seed = static_cast<uint64_t>(env_int("KVROPE_RANDOM_SEED", 20261201));
-  std::mt19937_64 rng(seed);
+  const RandomRun run = random_run("forward", 20261201);
+  std::mt19937_64 rng(run.seed);
   auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   const int64_t compiled[] = {64, 80, 96, 128, 256};
   const Positions patterns[] = {Positions::kArange,   Positions::kPermutation, Positions::kSparse,
                                 Positions::kNegative, Positions::kDuplicates,  Positions::kOutOfRange,
                                 Positions::kWrap};
-  for (int64_t i = 0; i < configs; ++i) {
+  for (int64_t i = 0; i < run.configs; ++i) {
     ForwardConfig c;
     const int64_t D = uniform(0, 2) < 2 ? compiled[uniform(0, 4)] : 2 * uniform(1, 160);
     const int64_t S = uniform(0, 4) == 0 ? 1 : uniform(1, uniform(0, 3) == 0 ? 1500 : 200);
@@ -300,8 +299,8 @@ TEST_CASE("forward: random configurations match the float64 reference", "[gpu][f
     c.shared_ids = uniform(0, 1) == 1;
     c.pad_row = uniform(0, 4) == 0 ? 8 : 0;
     c.offset = uniform(0, 4) == 0 ? 1 : 0;
-    c.seed = seed * 1000003u + static_cast<uint64_t>(i);
-    INFO("run seed " << seed << ", configuration " << i << " of " << configs);
+    c.seed = run.config_seed(i);
+    INFO("run seed " << run.seed << ", configuration " << i << " of " << run.configs);
     const int dtype = static_cast<int>(uniform(0, 2));
     const bool pos64 = uniform(0, 1) == 1;
     if (c.rotary_dim == 0 && r == 1) c.rotary_dim = 2;

@@ -522,16 +522,13 @@ void run_mla_dtype(const MlaDraw& d) {
 //   KVROPE_RANDOM_CONFIGS  configurations per run (default 300; a long run thousands)
 //   KVROPE_RANDOM_SEED     seed of the run (default 20261207)
 TEST_CASE("mla append: random configurations match the float64 reference", "[gpu][mla][random]") {
-  const int64_t configs = env_int("KVROPE_RANDOM_CONFIGS", 300);
-  const uint64_t seed = static_cast<uint64_t>(env_int("KVROPE_RANDOM_SEED", 20261207));
-  std::printf("random mla configurations: %lld, seed %llu (KVROPE_RANDOM_CONFIGS, KVROPE_RANDOM_SEED)\n",
-              static_cast<long long>(configs), static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
-  for (int64_t i = 0; i < configs; ++i) {
-    const MlaDraw d = draw_mla(rng, seed * 1000003u + static_cast<uint64_t>(i));
+  const RandomRun run = random_run("mla", 20261207);
+  std::mt19937_64 rng(run.seed);
+  for (int64_t i = 0; i < run.configs; ++i) {
+    const MlaDraw d = draw_mla(rng, run.config_seed(i));
     const char* dtypes[] = {"bf16", "fp16", "fp32"};
     const char* caches[] = {"cache T", "cache e4m3", "cache e5m2"};
-    INFO("run seed " << seed << ", configuration " << i << " of " << configs << ", " << dtypes[d.dtype] << ", "
+    INFO("run seed " << run.seed << ", configuration " << i << " of " << run.configs << ", " << dtypes[d.dtype] << ", "
                      << caches[d.cache] << ": " << d.cfg.describe());
     switch (d.dtype) {
       case 0: run_mla_dtype<__nv_bfloat16>(d); break;

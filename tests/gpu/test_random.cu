@@ -76,14 +76,11 @@ void run_one(const Draw& d) {
 }  // namespace
 
 TEST_CASE("random configurations match the float64 reference", "[gpu][random]") {
-  const int64_t configs = env_int("KVROPE_RANDOM_CONFIGS", 300);
-  const uint64_t seed = static_cast<uint64_t>(env_int("KVROPE_RANDOM_SEED", 20261129));
-  std::printf("random configurations: %lld, seed %llu (KVROPE_RANDOM_CONFIGS, KVROPE_RANDOM_SEED)\n",
-              static_cast<long long>(configs), static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
-  for (int64_t i = 0; i < configs; ++i) {
-    const Draw d = draw(rng, seed * 1000003u + static_cast<uint64_t>(i));
-    INFO("run seed " << seed << ", configuration " << i << " of " << configs << ", dtype "
+  const RandomRun run = random_run("backward", 20261129);
+  std::mt19937_64 rng(run.seed);
+  for (int64_t i = 0; i < run.configs; ++i) {
+    const Draw d = draw(rng, run.config_seed(i));
+    INFO("run seed " << run.seed << ", configuration " << i << " of " << run.configs << ", dtype "
                      << (d.dtype == 0   ? "bf16"
                          : d.dtype == 1 ? "fp16"
                                         : "fp32")

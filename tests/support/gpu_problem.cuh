@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <random>
@@ -23,11 +24,26 @@
 
 namespace kvrope::testing {
 
-//! The integer in environment variable `name` (the random tests' KVROPE_RANDOM_CONFIGS, KVROPE_RANDOM_SEED),
-//! or `fallback` when it is unset or empty.
+//! The integer in environment variable `name`, or `fallback` when it is unset or empty.
 inline int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::strtoll(v, nullptr, 10) : fallback;
+}
+
+//! A random test's run: KVROPE_RANDOM_CONFIGS configurations (default 300) drawn from KVROPE_RANDOM_SEED
+//! (default `seed`), printed first (`what`: "append", ...) so that a failure can be drawn again.
+struct RandomRun {
+  int64_t configs;
+  uint64_t seed;
+  //! Configuration i's own seed.
+  uint64_t config_seed(int64_t i) const { return seed * 1000003u + static_cast<uint64_t>(i); }
+};
+inline RandomRun random_run(const char* what, uint64_t seed) {
+  const RandomRun r{env_int("KVROPE_RANDOM_CONFIGS", 300),
+                    static_cast<uint64_t>(env_int("KVROPE_RANDOM_SEED", static_cast<int64_t>(seed)))};
+  std::printf("random %s configurations: %lld, seed %llu (KVROPE_RANDOM_CONFIGS, KVROPE_RANDOM_SEED)\n", what,
+              static_cast<long long>(r.configs), static_cast<unsigned long long>(r.seed));
+  return r;
 }
 
 //! Owns a device allocation of `count` elements of T.
