@@ -8,6 +8,7 @@
 #include <kvrope/append.cuh>
 #include <kvrope/reference/cpu_append.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -188,6 +189,49 @@ TEST_CASE("mRoPE streams: the reference and the kernels' rule follow the section
   AppendParams<float> none;
   CHECK_FALSE(has_mrope(none));
   CHECK(detail::append_args(none).mrope.kind == detail::MropeKind::kNone);
+}
+
+namespace {
+// Every unit of rotated rows of chunks of N (unit_place) under the sections of `p`: mrope_unit_stream gives a
+// stream only when each of the unit's pairs takes it, and under contiguous sections gives one whenever they do.
+template <int N>
+void check_unit_streams(const AppendParams<float>& p, RotaryStyle style) {
+  const detail::MropeRule rule = detail::append_args(p).mrope;
+  const int64_t R = p.rotary_dim;
+  const int units = static_cast<int>(R / (2 * N));
+  int wrong = 0, missed = 0;
+  for (int u = 0; u < units; ++u) {
+    const detail::UnitPlace pl = detail::unit_place<N>(style, R, R, units, u);
+    std::vector<int> streams;  // the stream of each pair of the unit (as load_pair_angles reads them)
+    for (int i = 0; i < N; ++i)
+      streams.push_back(rule.stream(pl.cross ? pl.pair_lo + i : i < N / 2 ? pl.pair_lo + i : pl.pair_hi + i - N / 2));
+    const bool one = std::all_of(streams.begin(), streams.end(), [&](int s) { return s == streams[0]; });
+    const int got = detail::mrope_unit_stream<N>(rule, pl);
+    wrong += got >= 0 && (!one || got != streams[0]);
+    missed += got < 0 && one && !p.mrope_interleaved;
+  }
+  CHECK(wrong == 0);
+  CHECK(missed == 0);
+}
+}  // namespace
+
+TEST_CASE("mRoPE: the few-token kernel's stream of a unit is each of its pairs' stream, or none",
+          "[host][append][mrope]") {
+  const int64_t sections[][4] = {{16, 24, 24, 128}, {24, 20, 20, 128}, {8, 12, 12, 64}, {10, 11, 11, 64},
+                                 {0, 32, 0, 64},    {5, 1, 2, 16},     {3, 3, 2, 16}};
+  for (const auto& s : sections)
+    for (const bool interleaved : {false, true})
+      for (const RotaryStyle style : {RotaryStyle::kRotateHalf, RotaryStyle::kInterleaved}) {
+        INFO("sections " << s[0] << ", " << s[1] << ", " << s[2] << " R " << s[3]
+                         << (interleaved ? " interleaved" : " contiguous"));
+        AppendParams<float> p;
+        p.head_dim = p.rotary_dim = s[3];
+        for (int j = 0; j < 3; ++j) p.mrope_section[j] = s[j];
+        p.mrope_interleaved = interleaved;
+        check_unit_streams<8>(p, style);  // 16-bit T
+        check_unit_streams<4>(p, style);  // fp32
+        check_unit_streams<2>(p, style);
+      }
 }
 
 TEMPLATE_TEST_CASE("cpu_append with mRoPE matches the rotation written out: styles, sections, partial rotary, norms",

@@ -154,7 +154,7 @@ __device__ __forceinline__ float row_inv_rms(const AppendArgs<T, C>& a, float sq
 //! The stream all pairs of unit `pl` take under mRoPE rule `rule` (contiguous sections: most units), or -1
 //! when they take several (each pair's angle then loads from its stream's row: load_mrope_angles).
 template <int N>
-__device__ __forceinline__ int mrope_unit_stream(const MropeRule& rule, const UnitPlace& pl) {
+__host__ __device__ __forceinline__ int mrope_unit_stream(const MropeRule& rule, const UnitPlace& pl) {
   const int last = pl.cross ? pl.pair_lo + N - 1 : pl.pair_hi + N / 2 - 1;  // (its streams rise with the pair)
   const int stream = rule.stream(pl.pair_lo);
   return rule.kind == MropeKind::kContiguous && stream == rule.stream(last) ? stream : -1;
