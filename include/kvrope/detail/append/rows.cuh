@@ -175,8 +175,8 @@ __device__ __forceinline__ void load_mrope_angles(const AppendArgs<T, C>& a, con
 }
 
 //! A unit's angles from its row's table row (a q or k unit in the rotated part; else left unset). kMrope:
-//! the few-token path's mRoPE instance, whose rows name a table row a stream (the tile path stages each
-//! token's row composed from its streams').
+//! the few-token path's mRoPE instance, where a unit of one stream has that stream's row as its table row
+//! and a unit of several loads pair by pair (the tile path stages each token's row composed from its streams').
 template <typename T, typename C, int N, bool kMrope>
 __device__ __forceinline__ void load_unit_angles(const AppendArgs<T, C>& a, const AppendRowContext<T, C>& ctx,
                                                  const UnitPlace& pl, RopeChunk<N>& c, RopeChunk<N>& s) {
