@@ -56,6 +56,47 @@ inline void ensure_slot_writers(const std::vector<int64_t>& slots, int64_t num_s
   counts = DeviceBuffer(kAppendRegions * sizeof(CompareCounts));
 }
 
+//! A check's call: `data` reset, one call of `launch` (which sets `status`), synchronized. False, with the
+//! failure in `out`, when the call returned an error (`op` names the entry point). The append's and the MLA
+//! cases' checks share it.
+template <typename Data, typename Launch>
+bool call_for_check(Data& data, Launch& launch, const kvrope::Status& status, const char* op, cudaStream_t stream,
+                    AppendCheck& out) {
+  data.reset(stream);
+  launch(stream);
+  KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
+  if (!status.ok()) out.failure = status_message(op, status);
+  return status.ok();
+}
+
+//! The bytes of the cache rows of slots[0 .. tokens) (`cache` in bytes: H rows of row_bytes a slot), gathered
+//! [tokens, H, row_bytes] on the device and copied to the host (every slot in range: the suites' cases).
+inline std::vector<uint8_t> gathered_rows(kvrope::PagedCache<const uint8_t> cache, const int64_t* slots, int64_t P,
+                                          int64_t H, int64_t row_bytes, int64_t tokens, int fill_blocks,
+                                          cudaStream_t stream) {
+  std::vector<uint8_t> rows(static_cast<size_t>(tokens * H * row_bytes));
+  DeviceBuffer d(rows.size());
+  gather_row_bytes<<<fill_blocks, 256, 0, stream>>>(cache, slots, P, H, row_bytes, static_cast<int64_t>(rows.size()),
+                                                    d.as<uint8_t>());
+  KVROPE_BENCH_CUDA(cudaGetLastError());
+  KVROPE_BENCH_CUDA(cudaMemcpyAsync(rows.data(), d.as<void>(), rows.size(), cudaMemcpyDeviceToHost, stream));
+  KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));  // before d is freed
+  return rows;
+}
+
+//! The float64 reference's verdict added to `failure`: the error flag when raised; too few elements compared
+//! (fewer than `least`, what the call `touched`: "wrote", "read or wrote"), else those beyond tolerance.
+inline void add_reference_verdict(std::string& failure, int flag, const kvrope::verify::CheckResult& r, int64_t least,
+                                  const char* touched) {
+  if (flag != 0) failure = "error_flag = " + std::to_string(flag) + "; ";
+  if (r.checked < least)
+    failure += "the float64 reference compared " + std::to_string(r.checked) + " elements, fewer than the " +
+               std::to_string(least) + " the call " + touched + "; ";
+  else if (!r.ok())
+    failure += "float64 reference: " + std::to_string(r.mismatches) + " of " + std::to_string(r.checked) +
+               " beyond tolerance (first " + r.first_mismatch + "); ";
+}
+
 //! The host's part of the check of the NVFP4 and mRoPE cases (AppendCaseData::check_reference): a call of case
 //! `sc` as kvrope::verify::check_append reads it, from host copies of qkv before and after the call ([T, (Hq +
 //! 2 H) D]: q in place, k in place with key_in_place, else read only), of the positions ([T], or [3, T] with
@@ -482,13 +523,7 @@ struct AppendCaseData : CaseDataBase {
     constexpr bool nvfp4 = kvrope::kIsNvfp4<C>;
     const int64_t row_bytes = cache_row * static_cast<int64_t>(sizeof(C)), sf_bytes = sc.nvfp4_scale_bytes();
     ensure_writer(stream);
-    reset(stream);
-    launch(stream);
-    KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
-    if (!status.ok()) {
-      out.failure = status_message("kv_cache_rope_append", status);
-      return out;
-    }
+    if (!call_for_check(*this, launch, status, "kv_cache_rope_append", stream, out)) return out;
     const int flag = read_error_flag(stream);
 
     // The device's part: the rows no token names, as filled.
@@ -510,14 +545,7 @@ struct AppendCaseData : CaseDataBase {
     // The rows the tokens wrote, gathered [T, H, row] (bytes), and their block scales.
     const int64_t* slot_of = slot_mapping.as<const int64_t>();
     auto gather = [&](const DeviceBuffer& buf, int64_t bytes) {
-      std::vector<uint8_t> rows(static_cast<size_t>(tokens * H * bytes));
-      DeviceBuffer d(rows.size());
-      gather_row_bytes<<<fill_blocks, 256, 0, stream>>>(byte_pages(buf, bytes), slot_of, P, H, bytes,
-                                                        static_cast<int64_t>(rows.size()), d.as<uint8_t>());
-      KVROPE_BENCH_CUDA(cudaGetLastError());
-      KVROPE_BENCH_CUDA(cudaMemcpyAsync(rows.data(), d.as<void>(), rows.size(), cudaMemcpyDeviceToHost, stream));
-      KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));  // before d is freed
-      return rows;
+      return gathered_rows(byte_pages(buf, bytes), slot_of, P, H, bytes, tokens, fill_blocks, stream);
     };
     const std::vector<uint8_t> key_rows = gather(key_cache, row_bytes), value_rows = gather(value_cache, row_bytes);
     std::vector<uint8_t> key_sf_rows, value_sf_rows;
@@ -543,15 +571,8 @@ struct AppendCaseData : CaseDataBase {
         append_check_rows<T, C>(sc, host.positions, host_table, before, after, key_rows, value_rows, key_sf_rows,
                                 value_sf_rows, key_in_place, oracle);
 
-    if (flag != 0) out.failure = "error_flag = " + std::to_string(flag) + "; ";
     // Every q, k and v element, and at least one comparison a cache row: else the check proved nothing.
-    const int64_t least = tokens * (Hq + 2 * H) * D + 2 * tokens * H;
-    if (r.checked < least)
-      out.failure += "the float64 reference compared " + std::to_string(r.checked) + " elements, fewer than the " +
-                     std::to_string(least) + " the call wrote; ";
-    else if (!r.ok())
-      out.failure += "float64 reference: " + std::to_string(r.mismatches) + " of " + std::to_string(r.checked) +
-                     " beyond tolerance (first " + r.first_mismatch + "); ";
+    add_reference_verdict(out.failure, flag, r, tokens * (Hq + 2 * H) * D + 2 * tokens * H, "wrote");
     for (const int region : {static_cast<int>(kRegionKeyOther), static_cast<int>(kRegionValueOther)}) {
       const CompareCounts& g = got[region];
       if (g.bad > 0)

@@ -131,20 +131,25 @@ inline std::vector<AppendCase> append_case_table(bool decode, int64_t heads = 0,
     for (const auto& s : kAppendPrefillShapes) shapes.push_back(s);
   }
   std::vector<AppendCase> cases;
+  // The next case of `seqs` sequences of `len` tokens: its id, its shape, its cache's length.
+  auto shaped = [&](int64_t seqs, int64_t len) {
+    AppendCase c;
+    c.id = static_cast<int>(cases.size()) + 1;
+    c.decode = decode;
+    c.seqs = seqs;
+    c.tokens_per_seq = len;
+    c.s_max = len > kAppendSmax ? (len + c.page_size - 1) / c.page_size * c.page_size : kAppendSmax;
+    c.max_position = c.s_max;
+    return c;
+  };
   for (const auto& [seqs, len] : shapes) {
     for (int64_t hq : kAppendQueryHeads) {
       for (AppendCache cache : {AppendCache::kBf16, AppendCache::kFp8E4m3}) {
         for (AppendLayout layout : {AppendLayout::kNhd, AppendLayout::kHnd}) {
-          AppendCase c;
-          c.id = static_cast<int>(cases.size()) + 1;
-          c.decode = decode;
-          c.seqs = seqs;
-          c.tokens_per_seq = len;
-          c.s_max = len > kAppendSmax ? (len + c.page_size - 1) / c.page_size * c.page_size : kAppendSmax;
+          AppendCase c = shaped(seqs, len);
           c.query_heads = hq;
           c.heads = heads > 0 ? heads : 8;
           c.head_dim = head_dim > 0 ? head_dim : 128;
-          c.max_position = c.s_max;
           c.cache = cache;
           c.layout = layout;
           cases.push_back(c);
@@ -182,16 +187,10 @@ inline std::vector<AppendCase> append_case_table(bool decode, int64_t heads = 0,
   for (const auto& [seqs, len] : shapes) {
     for (int64_t hq : kMlaQueryHeads) {
       for (const bool fp8 : {false, true}) {
-        AppendCase c;
-        c.id = static_cast<int>(cases.size()) + 1;
-        c.decode = decode;
-        c.seqs = seqs;
-        c.tokens_per_seq = len;
-        c.s_max = len > kAppendSmax ? (len + c.page_size - 1) / c.page_size * c.page_size : kAppendSmax;
+        AppendCase c = shaped(seqs, len);
         c.query_heads = hq;
         c.heads = 1;
         c.head_dim = kMlaRotaryDim;
-        c.max_position = c.s_max;
         c.cache = fp8 ? AppendCache::kFp8E4m3 : AppendCache::kBf16;
         c.layout = AppendLayout::kLatentRow;
         c.query_fp8 = fp8;

@@ -228,13 +228,7 @@ struct MlaCaseData : CaseDataBase {
     AppendCheck out;
     const int64_t P = sc.page_size, row_bytes = row * static_cast<int64_t>(sizeof(C));
     ensure_slot_writers(host.slots, slots, writer, counts, stream);
-    reset(stream);
-    launch(stream);
-    KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));
-    if (!status.ok()) {
-      out.failure = status_message("mla_append", status);
-      return out;
-    }
+    if (!call_for_check(*this, launch, status, "mla_append", stream, out)) return out;
     const int flag = read_error_flag(stream);
 
     // The device's part: the rows no token names, as filled; the rows the tokens wrote, gathered [T, L + R].
@@ -243,15 +237,8 @@ struct MlaCaseData : CaseDataBase {
     CompareCounts* c = counts.as<CompareCounts>();
     compare_untouched_rows<<<fill_blocks, 256, 0, stream>>>(
         cache_bytes(), row_bytes, P, 1, slots, writer.as<const int>(), kAppendCachePattern, c + kRegionKeyOther);
-    std::vector<uint8_t> rows(static_cast<size_t>(tokens * row_bytes));
-    {
-      DeviceBuffer d(rows.size());
-      gather_row_bytes<<<fill_blocks, 256, 0, stream>>>(cache_bytes(), slot_mapping.as<const int64_t>(), P, 1,
-                                                        row_bytes, static_cast<int64_t>(rows.size()), d.as<uint8_t>());
-      KVROPE_BENCH_CUDA(cudaGetLastError());
-      KVROPE_BENCH_CUDA(cudaMemcpyAsync(rows.data(), d.as<void>(), rows.size(), cudaMemcpyDeviceToHost, stream));
-      KVROPE_BENCH_CUDA(cudaStreamSynchronize(stream));  // before d is freed
-    }
+    const std::vector<uint8_t> rows =
+        gathered_rows(cache_bytes(), slot_mapping.as<const int64_t>(), P, 1, row_bytes, tokens, fill_blocks, stream);
     CompareCounts got[kAppendRegions];
     KVROPE_BENCH_CUDA(cudaMemcpyAsync(got, c, sizeof(got), cudaMemcpyDeviceToHost, stream));
     const std::vector<T> q_before = to_host<T>(q_pristine, stream), q_after = to_host<T>(q, stream);
@@ -262,16 +249,11 @@ struct MlaCaseData : CaseDataBase {
 
     const kvrope::verify::CheckResult r =
         mla_check_rows<T, C>(sc, host.positions, host_table, q_before, q_after, kv_before, kv_after, q8_after, rows);
-    if (flag != 0) out.failure = "error_flag = " + std::to_string(flag) + "; ";
     // Every element of q (and of query_out_fp8), of kv and of the rows written: else the check proved nothing.
-    const int64_t least =
-        tokens * (sc.query_heads * (sc.nope_dim + sc.rotary_dim()) * (sc.query_fp8 ? 2 : 1) + 2 * row);
-    if (r.checked < least)
-      out.failure += "the float64 reference compared " + std::to_string(r.checked) + " elements, fewer than the " +
-                     std::to_string(least) + " the call read or wrote; ";
-    else if (!r.ok())
-      out.failure += "float64 reference: " + std::to_string(r.mismatches) + " of " + std::to_string(r.checked) +
-                     " beyond tolerance (first " + r.first_mismatch + "); ";
+    add_reference_verdict(
+        out.failure, flag, r,
+        tokens * (sc.query_heads * (sc.nope_dim + sc.rotary_dim()) * (sc.query_fp8 ? 2 : 1) + 2 * row),
+        "read or wrote");
     if (got[kRegionKeyOther].bad > 0)
       out.failure += "cache: " + std::to_string(got[kRegionKeyOther].bad) + " bytes of rows no token names changed; ";
     return out;

@@ -116,6 +116,19 @@ def _fp8_bytes(rows, scale, fmt, ct):
     return m.to_fp8(x, fmt).view(torch.uint8)
 
 
+def _slot_writes(slots, ok, num_slots, page_size, error_flag):
+    """The cache rows a serving append writes, as (pages, offsets, tokens): each slot in range named by a token
+    whose position is (ok), its last such token. Raises the error flag's bits: a bad position, a slot past the
+    cache."""
+    flag = ERROR_POSITION_ID_OUT_OF_RANGE if bool((~ok).any()) else 0
+    if bool(((slots >= num_slots) & ok).any()):
+        flag |= ERROR_SLOT_OUT_OF_RANGE
+    if error_flag is not None and flag:
+        error_flag.bitwise_or_(flag)
+    written, tokens = m.last_writers(slots, (slots >= 0) & (slots < num_slots) & ok, num_slots)
+    return written // page_size, written % page_size, tokens
+
+
 @torch.library.impl("kvrope::rope_append_", "cpu")
 def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_cache, slot_mapping, query_out=None,
                 key_out=None, key_in_place=False, query_norm_weight=None, key_norm_weight=None, norm_eps=1e-6,
@@ -159,14 +172,7 @@ def _append_cpu(query, key, value, positions, cos_sin_cache, key_cache, value_ca
     paged = key_cache.dim() == 4
     page_size = key_cache.shape[1] if paged else 1
     num_slots = key_cache.shape[0] * page_size
-    slots = slot_mapping
-    flag = ERROR_POSITION_ID_OUT_OF_RANGE if bool((~ok).any()) else 0
-    if bool(((slots >= num_slots) & ok).any()):
-        flag |= ERROR_SLOT_OUT_OF_RANGE
-    if error_flag is not None and flag:
-        error_flag.bitwise_or_(flag)
-    written, tokens = m.last_writers(slots, (slots >= 0) & (slots < num_slots) & ok, num_slots)
-    pages, offsets = written // page_size, written % page_size
+    pages, offsets, tokens = _slot_writes(slot_mapping, ok, num_slots, page_size, error_flag)
     for cache, sf, rows, scale in ((key_cache, key_cache_sf, k_rot, k_scale), (value_cache, value_cache_sf, value,
                                                                               v_scale)):
         view = cache if paged else cache.unsqueeze(1)  # [pages, P, H, D]
@@ -210,14 +216,7 @@ def _mla_append_cpu(query_pe, kv_c, k_pe, positions, cos_sin_cache, latent_cache
     k_rot = rotated(k_pe[:, None])[:, 0]
     page_size = latent_cache.shape[1]
     num_slots = latent_cache.shape[0] * page_size
-    slots = slot_mapping
-    flag = ERROR_POSITION_ID_OUT_OF_RANGE if bool((~ok).any()) else 0
-    if bool(((slots >= num_slots) & ok).any()):
-        flag |= ERROR_SLOT_OUT_OF_RANGE
-    if error_flag is not None and flag:
-        error_flag.bitwise_or_(flag)
-    written, tokens = m.last_writers(slots, (slots >= 0) & (slots < num_slots) & ok, num_slots)
-    pages, offsets = written // page_size, written % page_size
+    pages, offsets, tokens = _slot_writes(slot_mapping, ok, num_slots, page_size, error_flag)
     parts = ((latent_cache, torch.cat((kv_c, k_rot), dim=-1)),) if rope_cache is None else (
         (latent_cache, kv_c), (rope_cache, k_rot))
     for cache, rows in parts:

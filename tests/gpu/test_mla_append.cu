@@ -213,21 +213,6 @@ void run_case(const MlaConfig& c) {
   }
 }
 
-// The shapes: DeepSeek-V3 / Kimi K2 (the compiled instance), a generic one on the vector path, odd ones on the
-// scalar path (L not a whole number of 16-byte chunks, R not a whole number of pairs of them).
-struct MlaShape {
-  int64_t nope, rotary, latent;
-};
-constexpr MlaShape kShapes[] = {{128, 64, 512}, {64, 32, 256}, {128, 64, 511}, {24, 40, 72}};
-constexpr QMode kQModes[] = {QMode::kInPlace, QMode::kOut, QMode::kOutNope, QMode::kOutFp8, QMode::kOutFp8Nope};
-constexpr Slots kSlots[] = {Slots::kDistinct, Slots::kPadding, Slots::kRepeats, Slots::kBad};
-
-void set_shape(MlaConfig& c, const MlaShape& s) {
-  c.nope_dim = s.nope;
-  c.rotary_dim = s.rotary;
-  c.latent_dim = s.latent;
-}
-
 }  // namespace
 
 TEMPLATE_TEST_CASE("mla append matches the float64 reference: shapes, layouts, q outputs, styles, slots", "[gpu][mla]",

@@ -240,14 +240,6 @@ void check_verify_case(const MlaConfig& c) {
   }
 }
 
-struct MlaShape {
-  int64_t nope, rotary, latent;
-};
-constexpr MlaShape kShapes[] = {{128, 64, 512}, {64, 32, 256}, {128, 64, 511}, {24, 40, 72}};
-constexpr MlaQMode kQModes[] = {MlaQMode::kInPlace, MlaQMode::kOut, MlaQMode::kOutNope, MlaQMode::kOutFp8,
-                                MlaQMode::kOutFp8Nope};
-constexpr MlaSlots kSlots[] = {MlaSlots::kDistinct, MlaSlots::kPadding, MlaSlots::kRepeats, MlaSlots::kBad};
-
 }  // namespace
 
 TEST_CASE("mla check: a correct call's outputs pass, one wrong element fails", "[host][mla]") {
@@ -257,9 +249,7 @@ TEST_CASE("mla check: a correct call's outputs pass, one wrong element fails", "
       for (const MlaQMode qmode : kQModes) {
         MlaConfig c;
         c.seed = seed++;
-        c.nope_dim = shape.nope;
-        c.rotary_dim = shape.rotary;
-        c.latent_dim = shape.latent;
+        set_shape(c, shape);
         c.split = split;
         c.qmode = qmode;
         c.style = c.seed % 2 ? RotaryStyle::kInterleaved : RotaryStyle::kRotateHalf;
@@ -285,9 +275,7 @@ TEST_CASE("mla verify::check_mla: a correct call's outputs pass, one wrong eleme
       for (const MlaQMode qmode : kQModes) {
         MlaConfig c;
         c.seed = seed++;
-        c.nope_dim = shape.nope;
-        c.rotary_dim = shape.rotary;
-        c.latent_dim = shape.latent;
+        set_shape(c, shape);
         c.split = split;
         c.qmode = qmode;
         c.style = c.seed % 2 ? RotaryStyle::kInterleaved : RotaryStyle::kRotateHalf;

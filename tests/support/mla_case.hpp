@@ -70,6 +70,23 @@ struct MlaConfig {
   }
 };
 
+// The tests' shapes (N, R, L): DeepSeek-V3 / Kimi K2 (the compiled instance), a generic one on the vector path, odd
+// ones on the scalar path (L not a whole number of 16-byte chunks, R not a whole number of pairs of them); every q
+// mode and slot pattern.
+struct MlaShape {
+  int64_t nope, rotary, latent;
+};
+inline constexpr MlaShape kShapes[] = {{128, 64, 512}, {64, 32, 256}, {128, 64, 511}, {24, 40, 72}};
+inline constexpr MlaQMode kQModes[] = {MlaQMode::kInPlace, MlaQMode::kOut, MlaQMode::kOutNope, MlaQMode::kOutFp8,
+                                       MlaQMode::kOutFp8Nope};
+inline constexpr MlaSlots kSlots[] = {MlaSlots::kDistinct, MlaSlots::kPadding, MlaSlots::kRepeats, MlaSlots::kBad};
+
+inline void set_shape(MlaConfig& c, const MlaShape& s) {
+  c.nope_dim = s.nope;
+  c.rotary_dim = s.rotary;
+  c.latent_dim = s.latent;
+}
+
 //! Host copies of every buffer a call reads or writes (empty: the call has none).
 template <typename T, typename C>
 struct MlaSnapshot {
