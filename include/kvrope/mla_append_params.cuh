@@ -113,8 +113,11 @@ struct MlaPlan {
   bool fixed_dims = false;  //!< the instance compiled for L = 512, R = 64 (DeepSeek-V3, Kimi K2)
   int q_lanes = 0;          //!< lanes a query row (a power of two, at most 32)
   int query_warps = 0;      //!< warps a token's query rows take
-  int latent_blocks = 0;    //!< the grid's first blocks: a tile of kMlaTileTokens tokens' latent rows each
-  int grid = 0;             //!< blocks: the latent blocks, then the query rows' blocks
+  int tile_tokens = 0;      //!< tokens a latent tile: 4 (a row a warp) up to 32, as T asks (detail/mla/plan.cuh)
+  int latent_blocks = 0;    //!< the grid's first blocks: a latent tile each
+  int query_blocks = 0;     //!< the blocks after them: query rows, query_warps warps a token
+  int copy_blocks = 0;      //!< the last blocks: q_nope's copy (0 without one)
+  int grid = 0;             //!< blocks: latent_blocks + query_blocks + copy_blocks
   int block = 0;            //!< threads per block
 };
 

@@ -241,11 +241,12 @@ TEMPLATE_TEST_CASE("mla append matches the float64 reference: shapes, layouts, q
         }
 }
 
-TEST_CASE("mla append: latent tiles of 32 tokens, slots repeated within and across tiles", "[gpu][mla][slots]") {
-  // Token counts around the tile's 32 and far past it, so that a slot's last writer is in the same tile, a
-  // later one, or many tiles later; every slot pattern, decode (T = 1, 2) included.
+TEST_CASE("mla append: latent tiles of 4 to 32 tokens, slots repeated within and across tiles", "[gpu][mla][slots]") {
+  // Token counts around a tile's 4 tokens and far past them, so that a slot's last writer is in the same tile, a
+  // later one, or many tiles later, and past 2,048 and 8,192 tokens, where the tiles grow to 8 and 32 tokens
+  // (detail/mla/plan.cuh); every slot pattern, decode (T = 1, 2) included.
   uint64_t seed = 700;
-  for (const int64_t tokens : {1, 2, 31, 32, 33, 64, 65, 97, 300, 1000})
+  for (const int64_t tokens : {1, 2, 3, 4, 5, 31, 33, 65, 300, 1000, 3000, 9000})
     for (const MlaSlots slots : kSlots) {
       MlaConfig c;
       c.seed = seed++;

@@ -169,6 +169,8 @@ TEST_CASE("mla validate: sizes, each named", "[host][mla]") {
   expect_fail(p, StatusCode::kTooLarge, "num_pages");
   p = fake_mla(int64_t{1} << 28, 16);  // (T (Hq + 1) warps: more than 2^32)
   expect_fail(p, StatusCode::kTooLarge, "tokens");
+  p = fake_mla(int64_t{1} << 20, 128, int64_t{1} << 20);  // (q_nope's copy: 2^37 blocks)
+  expect_fail(p, StatusCode::kTooLarge, "tokens");
 }
 
 TEST_CASE("mla validate: fields that exclude each other, and the scales' use", "[host][mla]") {
@@ -298,13 +300,27 @@ TEST_CASE("mla plan: DeepSeek-V3 on the vector path takes the instance of L = 51
   CHECK(plan.fixed_dims);
   CHECK(plan.q_lanes == 4);        // R / 16 = 4 units a query row
   CHECK(plan.query_warps == 2);    // 16 query rows, 8 a warp
-  CHECK(plan.latent_blocks == 2);  // 64 tokens, 32 a latent tile
+  CHECK(plan.tile_tokens == 4);    // a row a warp while the tiles are at most kMlaLatentTiles
+  CHECK(plan.latent_blocks == 16);
+  CHECK(plan.query_blocks == 64 * 2 / 4);
+  CHECK(plan.copy_blocks == 0);  // (q_pe in place)
   CHECK(plan.block == kMlaBlockThreads);
-  CHECK(plan.grid == 2 + 64 * 2 / 4);
+  CHECK(plan.grid == 16 + 64 * 2 / 4);
   REQUIRE(plan_mla_append(fake_mla(1, 128), &plan).ok());  // Kimi K2 / DeepSeek-V3 decode at Hq = 128
   CHECK(plan.query_warps == 16);
   CHECK(plan.latent_blocks == 1);
   CHECK(plan.grid == 1 + 4);
+  // Tiles grow with T: 2,048 tokens in 512 tiles of 4; 2,049 in 257 of 8; 8,192 in 512 of 16; 2^20 in tiles of 32.
+  const int64_t tokens[] = {2048, 2049, 8192, int64_t{1} << 20};
+  const int tiles[] = {4, 8, 16, 32};
+  for (int i = 0; i < 4; ++i) {
+    MlaArgs<T, T> many = mla_args(fake_mla());  // (the geometry alone: fake_mla's buffers hold 64 tokens)
+    many.tokens = tokens[i];
+    MlaGeometry g{};
+    plan_mla_geometry(many, 8, g, plan);
+    CHECK(plan.tile_tokens == tiles[i]);
+    CHECK(plan.latent_blocks == (tokens[i] + tiles[i] - 1) / tiles[i]);
+  }
 
   const MlaArgs<T, T> a = mla_args(fake_mla());
   CHECK(a.q_rot.data == a.q_pe.data);  // in place
@@ -317,7 +333,7 @@ TEST_CASE("mla plan: DeepSeek-V3 on the vector path takes the instance of L = 51
   CHECK(g.latent_chunks == 64);
   CHECK(g.nope_chunks == 0);
   CHECK(g.div_query_warps.divisor == 2);
-  CHECK(g.latent_blocks == 2);
+  CHECK(g.latent_blocks == 16);
 
   auto out = fake_mla();
   set_query_out(out, false, true);
@@ -326,6 +342,8 @@ TEST_CASE("mla plan: DeepSeek-V3 on the vector path takes the instance of L = 51
   CHECK(b.q_copy.data == out.query_out.data);
   plan_mla_geometry(b, 8, g, plan);
   CHECK(g.nope_chunks == 16);
+  CHECK(plan.copy_blocks == 16);  // 64 tokens x 16 rows x 16 chunks, 1,024 a block (256 a warp)
+  CHECK(plan.grid == 16 + 32 + 16);
   auto out8 = fake_mla();
   set_query_out(out8, true, false);
   const MlaArgs<T, T> c = mla_args(out8);

@@ -15,14 +15,20 @@ namespace kvrope::detail {
 
 //! Threads a block: 4 warps, so that a decode call's few warps still spread over many SMs.
 inline constexpr int kMlaBlockThreads = 128;
-//! Tokens a latent tile: a block stages their slots and a slot table and scans the later tokens' slots once
-//! for all of them (a warp a token scanned every later slot: O(T^2) loads), then its warps write their rows.
+//! Most tokens a latent tile: a block stages their slots and a slot table and scans the later tokens' slots
+//! once for all of them (a warp a token scanned every later slot: O(T^2) loads), then its warps write their
+//! rows. A tile holds 4, 8, 16 or 32 tokens (plan.cuh): as few as keep the tiles at most kMlaLatentTiles.
 inline constexpr int kMlaTileTokens = 32;
+//! Latent tiles a call's tokens fill before a tile grows past a row a warp: a row a warp waits for its position
+//! and then its table row (two round trips), so 32-token tiles of 8 rows a warp took 16 us for 2,048 tokens;
+//! 512 tiles keep the scans of later slots at most T / 2 loads a block.
+inline constexpr int kMlaLatentTiles = 512;
 //! Entries of a latent tile's slot table (open addressing): a power of two, twice the tile's tokens.
 inline constexpr int kMlaHashSlots = 2 * kMlaTileTokens;
 static_assert(kMlaTileTokens <= kMlaBlockThreads, "a thread stages each token of a latent tile");
-//! Chunks of q_nope a lane loads before storing any: one round for DeepSeek's N = 512 at 4 lanes a row (the
-//! copy one chunk at a time waited for each load: 16 round trips, 14 us a decode call with q in fp8).
+//! Chunks of q_nope a lane of a copy warp loads before it stores any (the copy warps take q_nope's rows as one
+//! flat range of chunks, 32 kMlaNopeLoads a warp): a decode call's copy is one round trip after the launch
+//! (in the query rows' warps, after their rotation, it was two more: 8.7 us a T = 1 call with q in fp8).
 inline constexpr int kMlaNopeLoads = 8;
 //! The sizes the fixed instance is compiled for (DeepSeek-V2/V3, Kimi K2): L = 512, R = 64.
 inline constexpr int kMlaFixedLatentDim = 512;
@@ -55,17 +61,21 @@ struct MlaArgs {
   int* error_flag;
 };
 
-//! The plan's geometry (plan.cuh). Blocks [0, latent_blocks) take a latent tile each (kMlaTileTokens tokens);
-//! the warps of the blocks after them take query rows, query_warps a token: its warp w rows
-//! [w 32 / q_lanes, (w + 1) 32 / q_lanes), q_lanes lanes a row.
+//! The plan's geometry (plan.cuh), three roles by block: blocks [0, latent_blocks) take a latent tile each
+//! (tile_tokens tokens); the warps of the next query_blocks take query rows, query_warps a token (its warp w
+//! rows [w 32 / q_lanes, (w + 1) 32 / q_lanes), q_lanes lanes a row); the warps of the rest copy q_nope.
 struct MlaGeometry {
   int rot_units;      // units of a rotated row (q_pe, k_pe): R / (2 n), n the elements of a chunk
   int nope_chunks;    // chunks of q_nope a query row copies: N / n with a copy, else 0
   int latent_chunks;  // chunks of kv_c: L / n
   int q_lanes;        // lanes a query row: the power of two that holds its rot_units, at most 32
   int query_warps;    // ceil(Hq q_lanes / 32)
-  int latent_blocks;  // ceil(T / kMlaTileTokens)
+  int tile_tokens;    // tokens a latent tile: 4, 8, 16 or 32 (a row a warp up to 8 rows a warp)
+  int latent_blocks;  // ceil(T / tile_tokens)
+  int query_blocks;   // ceil(T query_warps / 4)
   FastDivmod div_query_warps;
+  FastDivmod div_nope_chunks;  // q_nope's flat chunk index to (row, chunk); a row to (token, head)
+  FastDivmod div_heads;
 };
 
 //! Bytes of one row of the call's table cache: R elements of fp32 or T.

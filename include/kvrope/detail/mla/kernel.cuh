@@ -1,5 +1,5 @@
-// The MLA append's kernel (docs/design.md, "The MLA append"): blocks of latent tiles (a tile's slots staged and
-// scanned once, a warp a latent row), then warps of query rows, q_lanes lanes a row. Built from the append's
+// The MLA append's kernel (docs/design.md, "Formats"): blocks of latent tiles (a tile's slots staged and scanned
+// once, a warp a latent row), then warps of query rows (q_lanes lanes a row), then warps copying q_nope. Built from the append's
 // pieces: units of rotated rows (common/rotary_units.cuh), the rotation (rope.cuh), the one store path of T and fp8
 // rows (append/formats.cuh), the slot table and the scan of later slots (append/slots.cuh), the error flag's bits.
 #pragma once
@@ -119,8 +119,8 @@ __device__ __forceinline__ void mla_latent_store(const MlaArgs<T, C>& a, const M
   }
 }
 
-//! A latent tile's staged state (static shared memory): `slot[i]` the cache row token first + i writes (-1:
-//! none), and the slot table (append/slots.cuh) of the tile's slots.
+//! A latent tile's staged state (static shared memory, for the largest tile): `slot[i]` the cache row token
+//! first + i writes (-1: none), and the slot table (append/slots.cuh) of the tile's slots.
 struct MlaTileState {
   int64_t slot[kMlaTileTokens];
   unsigned long long keys[kMlaHashSlots];
@@ -185,7 +185,7 @@ __device__ __forceinline__ void mla_latent_tile(const MlaArgs<T, C>& a, const Ml
   __shared__ MlaTileState s;
   constexpr int kWarps = kMlaBlockThreads / 32;
   const int64_t left = a.tokens - first;
-  const int count = static_cast<int>(left < kMlaTileTokens ? left : kMlaTileTokens);
+  const int count = static_cast<int>(left < g.tile_tokens ? left : g.tile_tokens);
   const int warp = static_cast<int>(threadIdx.x) / 32;
   MlaLatentRow<T, N, kL> r;
   if (warp < count) mla_latent_load<T, C, N, kL, kR>(a, g, first + warp, r);
@@ -198,7 +198,7 @@ __device__ __forceinline__ void mla_latent_tile(const MlaArgs<T, C>& a, const Ml
   }
 }
 
-//! Query row j of `token` (valid position), q_lanes lanes: RoPE(q_pe) to its place, q_nope copied if asked.
+//! Query row j of `token` (valid position), q_lanes lanes: RoPE(q_pe) to its place.
 template <typename T, typename C, int N, int kR>
 __device__ __forceinline__ void mla_query_row(const MlaArgs<T, C>& a, const MlaGeometry& g, int64_t token,
                                               int64_t position, int j, int lane) {
@@ -219,35 +219,63 @@ __device__ __forceinline__ void mla_query_row(const MlaArgs<T, C>& a, const MlaG
     else
       store_unit(a.q_rot.row(token, j), pl, x, StoreScale{});
   }
-  if (g.nope_chunks == 0) return;
-  // q_nope's chunks, kMlaNopeLoads a lane in flight before any is stored.
-  const T* q_nope = a.q_nope.row(token, j);
-  for (int u0 = lane; u0 < g.nope_chunks; u0 += kMlaNopeLoads * lanes) {
-    Vec<T, N> x[kMlaNopeLoads];
+}
+
+//! Copy warp `warp` (of the flat range of q_nope's chunks, row-major over (token, head), 32 kMlaNopeLoads a
+//! warp): its lanes' chunks and their tokens' positions load at once; a chunk of a token with its position in
+//! range is stored (in T, or fp8 with query_scale).
+template <typename T, typename C, int N>
+__device__ __forceinline__ void mla_copy_nope(const MlaArgs<T, C>& a, const MlaGeometry& g, uint64_t warp) {
+  const uint64_t items = static_cast<uint64_t>(a.tokens * a.q_heads) * static_cast<uint64_t>(g.nope_chunks);
+  const uint64_t first = warp * (32 * kMlaNopeLoads) + (threadIdx.x & 31);
+  const bool fp8 = a.q_copy8.data != nullptr;
+  Vec<T, N> x[kMlaNopeLoads];
+  bool valid[kMlaNopeLoads];
 #pragma unroll
-    for (int k = 0; k < kMlaNopeLoads; ++k)
-      if (u0 + k * lanes < g.nope_chunks) x[k] = load_vec<cub::LOAD_CS, T, N>(q_nope + (u0 + k * lanes) * N);
+  for (int k = 0; k < kMlaNopeLoads; ++k) {
+    const uint64_t item = first + 32 * k;
+    valid[k] = item < items;
+    if (!valid[k]) continue;
+    uint64_t chunk = 0, j = 0;
+    const int64_t token = static_cast<int64_t>(g.div_heads.divmod(g.div_nope_chunks.divmod(item, chunk), j));
+    const RawIndex raw = load_raw_index(a.positions, a.positions_are_int64, token);
+    x[k] = load_vec<cub::LOAD_CS, T, N>(a.q_nope.row(token, static_cast<int64_t>(j)) + chunk * N);
+    valid[k] = mla_position(a, raw) >= 0;
+  }
+  StoreScale scale;
+  if (fp8 && a.q_scale != nullptr) scale = store_scale(*a.q_scale);
 #pragma unroll
-    for (int k = 0; k < kMlaNopeLoads; ++k) {
-      const int u = u0 + k * lanes;
-      if (u < g.nope_chunks && fp8) store_chunk<__nv_fp8_e4m3>(a.q_copy8.row(token, j) + u * N, x[k], scale);
-      if (u < g.nope_chunks && !fp8) store_chunk<T>(a.q_copy.row(token, j) + u * N, x[k], StoreScale{});
-    }
+  for (int k = 0; k < kMlaNopeLoads; ++k) {
+    if (!valid[k]) continue;
+    uint64_t chunk = 0, j = 0;
+    const uint64_t item = first + 32 * k;
+    const int64_t token = static_cast<int64_t>(g.div_heads.divmod(g.div_nope_chunks.divmod(item, chunk), j));
+    if (fp8)
+      store_chunk<__nv_fp8_e4m3>(a.q_copy8.row(token, static_cast<int64_t>(j)) + chunk * N, x[k], scale);
+    else
+      store_chunk<T>(a.q_copy.row(token, static_cast<int64_t>(j)) + chunk * N, x[k], StoreScale{});
   }
 }
 
-//! The MLA append: blocks [0, g.latent_blocks) a latent tile each; the warps of the blocks after them query rows,
-//! g.query_warps warps a token (plan.cuh), each reading its token's position once. N: elements a chunk (16 bytes
-//! of T, or 1); kL, kR: L and R compiled in (0: read at run time).
+//! The MLA append, three roles by block (plan.cuh): a latent tile each of the first g.latent_blocks; then query
+//! rows, g.query_warps warps a token, each reading its token's position once; then q_nope's copy. N: elements
+//! a chunk (16 bytes of T, or 1); kL, kR: L and R compiled in (0: read at run time).
 template <typename T, typename C, int N, int kL, int kR>
 __global__ void __launch_bounds__(kMlaBlockThreads) mla_append_kernel(const MlaArgs<T, C> a, const MlaGeometry g) {
   wait_for_prior_grids();  // (enable_pdl: the kernel before may still be writing q, kv_c, k_pe)
   allow_dependent_grids();
-  if (static_cast<int>(blockIdx.x) < g.latent_blocks) {  // (the whole block)
-    mla_latent_tile<T, C, N, kL, kR>(a, g, int64_t{blockIdx.x} * kMlaTileTokens);
+  constexpr int kWarps = kMlaBlockThreads / 32;
+  const int block = static_cast<int>(blockIdx.x);
+  if (block < g.latent_blocks) {  // (the whole block)
+    mla_latent_tile<T, C, N, kL, kR>(a, g, int64_t{block} * g.tile_tokens);
     return;
   }
-  const uint32_t warp = (blockIdx.x - g.latent_blocks) * (kMlaBlockThreads / 32) + threadIdx.x / 32;
+  if (block >= g.latent_blocks + g.query_blocks) {  // (the whole block)
+    const uint64_t copy_block = static_cast<uint64_t>(block - g.latent_blocks - g.query_blocks);
+    mla_copy_nope<T, C, N>(a, g, copy_block * kWarps + threadIdx.x / 32);
+    return;
+  }
+  const uint32_t warp = static_cast<uint32_t>(block - g.latent_blocks) * kWarps + threadIdx.x / 32;
   const int64_t token = g.div_query_warps.div32(warp);
   if (token >= a.tokens) return;  // (the whole warp)
   const int sub = static_cast<int>(warp - static_cast<uint32_t>(token) * g.div_query_warps.divisor);

@@ -103,19 +103,30 @@ void plan_mla_geometry(const MlaArgs<T, C>& a, int n, MlaGeometry& g, MlaPlan& p
   g.nope_chunks = a.q_copy.data != nullptr || a.q_copy8.data != nullptr ? static_cast<int>(a.nope_dim / n) : 0;
   g.latent_chunks = static_cast<int>(a.latent_dim / n);
   g.q_lanes = append_lanes(g.rot_units);
+  constexpr int kWarps = kMlaBlockThreads / 32;
   const int64_t rows_per_warp = 32 / g.q_lanes;
   g.query_warps = static_cast<int>((a.q_heads + rows_per_warp - 1) / rows_per_warp);
   g.div_query_warps = FastDivmod(static_cast<uint32_t>(std::max(g.query_warps, 1)));
-  g.latent_blocks = static_cast<int>((a.tokens + kMlaTileTokens - 1) / kMlaTileTokens);
-  constexpr int kWarps = kMlaBlockThreads / 32;
+  g.tile_tokens = kWarps;
+  while (g.tile_tokens < kMlaTileTokens && (a.tokens + g.tile_tokens - 1) / g.tile_tokens > kMlaLatentTiles)
+    g.tile_tokens *= 2;
+  g.latent_blocks = static_cast<int>((a.tokens + g.tile_tokens - 1) / g.tile_tokens);
+  g.query_blocks = static_cast<int>((a.tokens * g.query_warps + kWarps - 1) / kWarps);
+  g.div_nope_chunks = FastDivmod(static_cast<uint32_t>(std::max(g.nope_chunks, 1)));
+  g.div_heads = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(a.q_heads, 1)));
+  constexpr int64_t kWarpChunks = 32 * kMlaNopeLoads;
+  const int64_t copy_warps = (a.tokens * a.q_heads * g.nope_chunks + kWarpChunks - 1) / kWarpChunks;
   plan.launched = true;
   plan.vec_width = n;
   plan.fixed_dims = mla_fixed_dims(a, n);
   plan.q_lanes = g.q_lanes;
   plan.query_warps = g.query_warps;
+  plan.tile_tokens = g.tile_tokens;
   plan.latent_blocks = g.latent_blocks;
+  plan.query_blocks = g.query_blocks;
+  plan.copy_blocks = static_cast<int>((copy_warps + kWarps - 1) / kWarps);
   plan.block = kMlaBlockThreads;
-  plan.grid = g.latent_blocks + static_cast<int>((a.tokens * g.query_warps + kWarps - 1) / kWarps);
+  plan.grid = plan.latent_blocks + plan.query_blocks + plan.copy_blocks;
 }
 
 }  // namespace kvrope::detail
