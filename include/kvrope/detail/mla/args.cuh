@@ -26,10 +26,13 @@ inline constexpr int kMlaLatentTiles = 512;
 //! Entries of a latent tile's slot table (open addressing): a power of two, twice the tile's tokens.
 inline constexpr int kMlaHashSlots = 2 * kMlaTileTokens;
 static_assert(kMlaTileTokens <= kMlaBlockThreads, "a thread stages each token of a latent tile");
-//! Chunks of q_nope a lane of a copy warp loads before it stores any (the copy warps take q_nope's rows as one
-//! flat range of chunks, 32 kMlaNopeLoads a warp): a decode call's copy is one round trip after the launch
-//! (in the query rows' warps, after their rotation, it was two more: 8.7 us a T = 1 call with q in fp8).
-inline constexpr int kMlaNopeLoads = 8;
+//! Rows of q_nope a copy warp takes, and chunks of each a lane loads before it stores any: DeepSeek's N = 512
+//! in 16-bit T is 64 chunks a row, so a lane holds 8 chunks in flight, and a decode call's copy waits for its
+//! positions and then its rows (in the query rows' warps, after their rotation, it took two round trips more:
+//! 8.7 us a T = 1 call with q in fp8). A chunk a lane in one flat range of chunks, each finding its row and
+//! position, made the copy issue-bound: 478 us at 8 x 512 tokens, Hq 128, against 349 (performance log #53).
+inline constexpr int kMlaCopyRows = 4;
+inline constexpr int kMlaCopyRowLoads = 2;
 //! The sizes the fixed instance is compiled for (DeepSeek-V2/V3, Kimi K2): L = 512, R = 64.
 inline constexpr int kMlaFixedLatentDim = 512;
 inline constexpr int kMlaFixedRotaryDim = 64;
@@ -63,7 +66,8 @@ struct MlaArgs {
 
 //! The plan's geometry (plan.cuh), three roles by block: blocks [0, latent_blocks) take a latent tile each
 //! (tile_tokens tokens); the warps of the next query_blocks take query rows, query_warps a token (its warp w
-//! rows [w 32 / q_lanes, (w + 1) 32 / q_lanes), q_lanes lanes a row); the warps of the rest copy q_nope.
+//! rows [w 32 / q_lanes, (w + 1) 32 / q_lanes), q_lanes lanes a row); the warps of the rest copy q_nope,
+//! kMlaCopyRows rows each (rows token Hq + head).
 struct MlaGeometry {
   int rot_units;      // units of a rotated row (q_pe, k_pe): R / (2 n), n the elements of a chunk
   int nope_chunks;    // chunks of q_nope a query row copies: N / n with a copy, else 0
@@ -74,8 +78,7 @@ struct MlaGeometry {
   int latent_blocks;  // ceil(T / tile_tokens)
   int query_blocks;   // ceil(T query_warps / 4)
   FastDivmod div_query_warps;
-  FastDivmod div_nope_chunks;  // q_nope's flat chunk index to (row, chunk); a row to (token, head)
-  FastDivmod div_heads;
+  FastDivmod div_heads;  // a q_nope row (token Hq + head) to its token
 };
 
 //! Bytes of one row of the call's table cache: R elements of fp32 or T.

@@ -221,39 +221,45 @@ __device__ __forceinline__ void mla_query_row(const MlaArgs<T, C>& a, const MlaG
   }
 }
 
-//! Copy warp `warp` (of the flat range of q_nope's chunks, row-major over (token, head), 32 kMlaNopeLoads a
-//! warp): its lanes' chunks and their tokens' positions load at once; a chunk of a token with its position in
-//! range is stored (in T, or fp8 with query_scale).
+//! Copy warp `warp`: q_nope's rows [kMlaCopyRows warp, kMlaCopyRows (warp + 1)) of the T Hq (row token Hq + head),
+//! chunk c of each by lane c % 32, kMlaCopyRowLoads chunks a row a lane in flight. Only the rows of tokens with
+//! their position in range are read and stored (in T, or fp8 with query_scale): the positions first, as the
+//! query rows' chain waits for theirs before their table rows.
 template <typename T, typename C, int N>
-__device__ __forceinline__ void mla_copy_nope(const MlaArgs<T, C>& a, const MlaGeometry& g, uint64_t warp) {
-  const uint64_t items = static_cast<uint64_t>(a.tokens * a.q_heads) * static_cast<uint64_t>(g.nope_chunks);
-  const uint64_t first = warp * (32 * kMlaNopeLoads) + (threadIdx.x & 31);
+__device__ __forceinline__ void mla_copy_nope(const MlaArgs<T, C>& a, const MlaGeometry& g, uint32_t warp) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const uint32_t rows = static_cast<uint32_t>(a.tokens * a.q_heads);  // (< 2^32: validate)
   const bool fp8 = a.q_copy8.data != nullptr;
-  Vec<T, N> x[kMlaNopeLoads];
-  bool valid[kMlaNopeLoads];
+  uint32_t token[kMlaCopyRows], head[kMlaCopyRows];
+  bool ok[kMlaCopyRows];
 #pragma unroll
-  for (int k = 0; k < kMlaNopeLoads; ++k) {
-    const uint64_t item = first + 32 * k;
-    valid[k] = item < items;
-    if (!valid[k]) continue;
-    uint64_t chunk = 0, j = 0;
-    const int64_t token = static_cast<int64_t>(g.div_heads.divmod(g.div_nope_chunks.divmod(item, chunk), j));
-    const RawIndex raw = load_raw_index(a.positions, a.positions_are_int64, token);
-    x[k] = load_vec<cub::LOAD_CS, T, N>(a.q_nope.row(token, static_cast<int64_t>(j)) + chunk * N);
-    valid[k] = mla_position(a, raw) >= 0;
+  for (int r = 0; r < kMlaCopyRows; ++r) {
+    const uint32_t row = warp * kMlaCopyRows + r;
+    token[r] = g.div_heads.div32(row);
+    head[r] = row - token[r] * g.div_heads.divisor;
+    ok[r] = row < rows && mla_position(a, load_raw_index(a.positions, a.positions_are_int64, token[r])) >= 0;
   }
   StoreScale scale;
   if (fp8 && a.q_scale != nullptr) scale = store_scale(*a.q_scale);
+  for (int c0 = lane; c0 < g.nope_chunks; c0 += 32 * kMlaCopyRowLoads) {
+    Vec<T, N> x[kMlaCopyRows][kMlaCopyRowLoads];
 #pragma unroll
-  for (int k = 0; k < kMlaNopeLoads; ++k) {
-    if (!valid[k]) continue;
-    uint64_t chunk = 0, j = 0;
-    const uint64_t item = first + 32 * k;
-    const int64_t token = static_cast<int64_t>(g.div_heads.divmod(g.div_nope_chunks.divmod(item, chunk), j));
-    if (fp8)
-      store_chunk<__nv_fp8_e4m3>(a.q_copy8.row(token, static_cast<int64_t>(j)) + chunk * N, x[k], scale);
-    else
-      store_chunk<T>(a.q_copy.row(token, static_cast<int64_t>(j)) + chunk * N, x[k], StoreScale{});
+    for (int r = 0; r < kMlaCopyRows; ++r)
+#pragma unroll
+      for (int k = 0; k < kMlaCopyRowLoads; ++k)
+        if (ok[r] && c0 + 32 * k < g.nope_chunks)
+          x[r][k] = load_vec<cub::LOAD_CS, T, N>(a.q_nope.row(token[r], head[r]) + (c0 + 32 * k) * N);
+#pragma unroll
+    for (int r = 0; r < kMlaCopyRows; ++r)
+#pragma unroll
+      for (int k = 0; k < kMlaCopyRowLoads; ++k) {
+        const int c = c0 + 32 * k;
+        if (!ok[r] || c >= g.nope_chunks) continue;
+        if (fp8)
+          store_chunk<__nv_fp8_e4m3>(a.q_copy8.row(token[r], head[r]) + c * N, x[r][k], scale);
+        else
+          store_chunk<T>(a.q_copy.row(token[r], head[r]) + c * N, x[r][k], StoreScale{});
+      }
   }
 }
 
@@ -271,7 +277,7 @@ __global__ void __launch_bounds__(kMlaBlockThreads) mla_append_kernel(const MlaA
     return;
   }
   if (block >= g.latent_blocks + g.query_blocks) {  // (the whole block)
-    const uint64_t copy_block = static_cast<uint64_t>(block - g.latent_blocks - g.query_blocks);
+    const auto copy_block = static_cast<uint32_t>(block - g.latent_blocks - g.query_blocks);
     mla_copy_nope<T, C, N>(a, g, copy_block * kWarps + threadIdx.x / 32);
     return;
   }

@@ -112,10 +112,8 @@ void plan_mla_geometry(const MlaArgs<T, C>& a, int n, MlaGeometry& g, MlaPlan& p
     g.tile_tokens *= 2;
   g.latent_blocks = static_cast<int>((a.tokens + g.tile_tokens - 1) / g.tile_tokens);
   g.query_blocks = static_cast<int>((a.tokens * g.query_warps + kWarps - 1) / kWarps);
-  g.div_nope_chunks = FastDivmod(static_cast<uint32_t>(std::max(g.nope_chunks, 1)));
   g.div_heads = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(a.q_heads, 1)));
-  constexpr int64_t kWarpChunks = 32 * kMlaNopeLoads;
-  const int64_t copy_warps = (a.tokens * a.q_heads * g.nope_chunks + kWarpChunks - 1) / kWarpChunks;
+  const int64_t copy_warps = g.nope_chunks > 0 ? (a.tokens * a.q_heads + kMlaCopyRows - 1) / kMlaCopyRows : 0;
   plan.launched = true;
   plan.vec_width = n;
   plan.fixed_dims = mla_fixed_dims(a, n);

@@ -8,7 +8,6 @@
 #include "../../mla_append_params.cuh"
 #include "../append/validate.cuh"  // token_heads_layout
 #include "../common/checks.cuh"
-#include "args.cuh"  // kMlaNopeLoads
 
 namespace kvrope::detail {
 
@@ -84,13 +83,9 @@ Status check_mla_sizes(const MlaAppendParams<T, C, Pos>& p) {
   if (p.page_size > kMaxRows) return fail(StatusCode::kTooLarge, "page_size");
   if (static_cast<double>(p.num_pages) * static_cast<double>(p.page_size) > 0x1p62)
     return fail(StatusCode::kTooLarge, "num_pages");
-  // Warps are numbered in 32 bits inside the kernel: fewer than T (Hq + 1) of them, rounded up to a block.
+  // Warps are numbered in 32 bits inside the kernel (each role's from its first block): fewer than T (Hq + 1)
+  // of them; the grid's blocks, at most T / 4 + T Hq / 4 + T Hq / 16 + 3, then fit 31 bits.
   if (static_cast<double>(p.tokens) * static_cast<double>(p.query_heads + 1) > static_cast<double>(kMaxRows - 3))
-    return fail(StatusCode::kTooLarge, "tokens");
-  // The grid's blocks fit 31 bits: the latent and query blocks (fewer than T (Hq + 1) / 4) and q_nope's copy
-  // (T Hq N chunks at most, 32 kMlaNopeLoads a warp, 4 warps a block).
-  const double t = static_cast<double>(p.tokens), heads = static_cast<double>(p.query_heads);
-  if (t * (heads + 1) / 4 + t * heads * static_cast<double>(p.nope_dim) / (128.0 * kMlaNopeLoads) > 0x1p31 - 2)
     return fail(StatusCode::kTooLarge, "tokens");
   if (p.cos_sin_cache != nullptr && p.cos_sin_cache_f32 != nullptr)
     return fail(StatusCode::kConflictingFields, "cos_sin_cache", "cos_sin_cache_f32");
