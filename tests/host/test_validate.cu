@@ -14,11 +14,12 @@ namespace {
 using T = float;
 constexpr int64_t B = 2, H = 4, S = 8, L = 32, D = 128;
 
-// Host buffers standing in for device memory: validate() never dereferences them.
+// Host buffers standing in for device memory: validate() never dereferences them. Each has a row of slack, so
+// that a view the tests shift by part of a row overlaps its own buffer only, wherever the heap put the others.
 struct Buffers {
-  std::vector<T> gk = std::vector<T>(B * H * L * D), gv = gk, gk_in = gk, gv_in = gk;
-  std::vector<T> key = std::vector<T>(B * H * S * D), gks = key, gvs = key;
-  std::vector<T> cos = std::vector<T>(B * S * D), sin = cos, gcos = cos, gsin = cos;
+  std::vector<T> gk = std::vector<T>(B * H * L * D + D), gv = gk, gk_in = gk, gv_in = gk;
+  std::vector<T> key = std::vector<T>(B * H * S * D + D), gks = key, gvs = key;
+  std::vector<T> cos = std::vector<T>(B * S * D + D), sin = cos, gcos = cos, gsin = cos;
   std::vector<int64_t> pos = std::vector<int64_t>(S);
 
   template <typename P>
