@@ -296,9 +296,9 @@ TEST_CASE("mla plan: DeepSeek-V3 on the vector path takes the instance of L = 51
   CHECK(plan.launched);
   CHECK(plan.vec_width == 8);
   CHECK(plan.fixed_dims);
-  CHECK(plan.q_lanes == 4);        // R / 16 = 4 units a query row
-  CHECK(plan.query_warps == 2);    // 16 query rows, 8 a warp
-  CHECK(plan.tile_tokens == 4);    // a row a warp while the tiles are at most kMlaLatentTiles
+  CHECK(plan.q_lanes == 4);      // R / 16 = 4 units a query row
+  CHECK(plan.query_warps == 2);  // 16 query rows, 8 a warp
+  CHECK(plan.tile_tokens == 4);  // a row a warp while the tiles are at most kMlaLatentTiles
   CHECK(plan.latent_blocks == 16);
   CHECK(plan.query_blocks == 64 * 2 / 4);
   CHECK(plan.copy_blocks == 0);  // (q_pe in place)

@@ -1,7 +1,7 @@
-// The MLA append's kernel (docs/design.md, "Formats"): blocks of latent tiles (a tile's slots staged and scanned
-// once, a warp a latent row), then warps of query rows (q_lanes lanes a row), then warps copying q_nope. Built from the append's
-// pieces: units of rotated rows (common/rotary_units.cuh), the rotation (rope.cuh), the one store path of T and fp8
-// rows (append/formats.cuh), the slot table and the scan of later slots (append/slots.cuh), the error flag's bits.
+// The MLA append's kernel (docs/design.md, "Formats"), three roles by block: latent tiles (a tile's slots staged
+// and scanned once, a warp a latent row), query rows (q_lanes lanes a row), q_nope's copy. Built from the append's
+// pieces: units of rotated rows (common/rotary_units.cuh), the rotation (rope.cuh), the one store path of T and
+// fp8 rows (append/formats.cuh), the slot table and the scan of later slots (append/slots.cuh), the error flag.
 #pragma once
 
 #include <cstdint>
@@ -84,20 +84,17 @@ __device__ __forceinline__ void mla_latent_load(const MlaArgs<T, C>& a, const Ml
 }
 
 //! Writes the latent row of `token`, loaded in `r`, to cache row `slot` (a whole warp; -1: none): kv_c copied
-//! (quantized) to its latent row and RoPE(k_pe) to its rope row.
+//! (quantized with `scale`) to its latent row and RoPE(k_pe) to its rope row.
 template <typename T, typename C, int N, int kL, int kR>
 __device__ __forceinline__ void mla_latent_store(const MlaArgs<T, C>& a, const MlaGeometry& g, int64_t token,
-                                                 const MlaLatentRow<T, N, kL>& r, int64_t slot) {
+                                                 const MlaLatentRow<T, N, kL>& r, int64_t slot,
+                                                 const StoreScale& scale) {
   if (slot < 0) return;  // (the whole warp)
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int R = kR ? kR : static_cast<int>(a.rotary_dim);
   const int rot_units = kR ? kR / (2 * N) : g.rot_units;
   const int latent_chunks = kL ? kL / N : g.latent_chunks;
   constexpr int kEarly = MlaLatentRow<T, N, kL>::kEarly;
-  StoreScale scale;
-  if constexpr (kIsFp8<C>) {
-    if (a.kv_scale != nullptr) scale = store_scale(*a.kv_scale);
-  }
   uint64_t offset = 0;
   const auto page = static_cast<int64_t>(a.div_page.divmod(static_cast<uint64_t>(slot), offset));
   C* const latent = a.latent.row(page, static_cast<int64_t>(offset));
@@ -178,8 +175,9 @@ __device__ __forceinline__ void stage_mla_tile(const MlaArgs<T, C>& a, int64_t f
   __syncthreads();
 }
 
-//! The latent tile from `first` (a block): its warps' first rows load while the tile is staged; then warp w
-//! writes the tile's rows w, w + 4, ..., each next row loading before the current one is stored.
+//! The latent tile from `first` (a block): its warps' first rows and the cache's scale load while the tile is
+//! staged (the scale loaded at the store was a round trip after the staging); then warp w writes the tile's
+//! rows w, w + 4, ..., each next row loading before the current one is stored.
 template <typename T, typename C, int N, int kL, int kR>
 __device__ __forceinline__ void mla_latent_tile(const MlaArgs<T, C>& a, const MlaGeometry& g, int64_t first) {
   __shared__ MlaTileState s;
@@ -189,11 +187,15 @@ __device__ __forceinline__ void mla_latent_tile(const MlaArgs<T, C>& a, const Ml
   const int warp = static_cast<int>(threadIdx.x) / 32;
   MlaLatentRow<T, N, kL> r;
   if (warp < count) mla_latent_load<T, C, N, kL, kR>(a, g, first + warp, r);
+  StoreScale scale;
+  if constexpr (kIsFp8<C>) {
+    if (a.kv_scale != nullptr) scale = store_scale(*a.kv_scale);
+  }
   stage_mla_tile(a, first, count, s);
   for (int i = warp; i < count; i += kWarps) {
     MlaLatentRow<T, N, kL> next;
     if (i + kWarps < count) mla_latent_load<T, C, N, kL, kR>(a, g, first + i + kWarps, next);
-    mla_latent_store<T, C, N, kL, kR>(a, g, first + i, r, s.slot[i]);
+    mla_latent_store<T, C, N, kL, kR>(a, g, first + i, r, s.slot[i], scale);
     r = next;
   }
 }
