@@ -456,7 +456,7 @@ MlaDraw draw_mla(std::mt19937_64& rng, uint64_t seed) {
   c.qmode = kQModes[uniform(0, 4)];
   c.fused_q = uniform(0, 2) != 0;
   c.table_f32 = uniform(0, 1) == 1;
-  // Decode, a few tiles of 32 tokens, prefill, now and then an empty call; Hq mostly 16 or 128, sometimes none.
+  // Decode, a few dozen tokens, prefill, now and then an empty call; Hq mostly 16 or 128, sometimes none.
   const int64_t size = uniform(0, 9);
   c.tokens = size == 0   ? 1
              : size == 1 ? uniform(200, 1500)
