@@ -974,8 +974,8 @@ def geomean(xs):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suites", default="serve-decode,serve-prefill")
-    parser.add_argument("--decode-cases", default="", help="ids of serve-decode (default: all)")
-    parser.add_argument("--prefill-cases", default="", help="ids of serve-prefill (default: all)")
+    parser.add_argument("--decode-cases", default="", help="ids or ranges A-B of serve-decode (default: all)")
+    parser.add_argument("--prefill-cases", default="", help="ids or ranges A-B of serve-prefill (default: all)")
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--seed", type=int, default=20261129, help="kvrope_bench's --seed")
     parser.add_argument("--no-verify", action="store_true")
@@ -991,7 +991,11 @@ def main():
             parser.error(f"unknown suite {suite!r}")
         decode = suite == "serve-decode"
         ids = args.decode_cases if decode else args.prefill_cases
-        keep = {int(i) for i in ids.split(",") if i} if ids else None
+        keep = set()  # (ids, or ranges A-B, as kvrope_bench's --cases)
+        for part in filter(None, ids.split(",")):
+            first, _, last = part.partition("-")
+            keep.update(range(int(first), int(last or first) + 1))
+        keep = keep or None
         cases += [dict(c, suite=suite) for c in case_table(decode) if keep is None or c["id"] in keep]
 
     fi = FlashInfer()

@@ -257,7 +257,8 @@ inline void print_usage() {
       "                              styles: the forward on the case table, half, interleaved, half_r64;\n"
       "                              serve-decode, serve-prefill: the serving forward (kv_cache_rope_append) on\n"
       "                              generated paged-cache cases, kvrope, kvrope_kip, naive)\n"
-      "  --cases=1,4,8               subset of the case table (default: all; serve suites: their case ids)\n"
+      "  --cases=1,4,8-12            subset of the case table, ids and ranges (default: all; serve suites: their\n"
+      "                              case ids)\n"
       "  --cases_csv=PATH            the case table (default " KVROPE_BENCH_CASES_CSV
       ")\n"
       "  --variants=fused,inplace,naive  (default: all three; each case's naive reference runs last, see "
@@ -341,7 +342,12 @@ inline Options parse_options(int* argc, char** argv) {
     const std::string value = eq == std::string::npos ? std::string() : arg.substr(eq + 1);
     if (key == "--cases") {
       opt.cases.clear();
-      for (const auto& p : split_commas(value)) opt.cases.push_back(static_cast<int>(parse_int(arg, p, 1)));
+      for (const auto& p : split_commas(value)) {  // (ids, or ranges A-B)
+        const size_t dash = p.find('-', 1);
+        const int64_t first = parse_int(arg, p.substr(0, dash), 1);
+        const int64_t last = dash == std::string::npos ? first : parse_int(arg, p.substr(dash + 1), first);
+        for (int64_t id = first; id <= last; ++id) opt.cases.push_back(static_cast<int>(id));
+      }
     } else if (key == "--cases_csv") {
       if (value.empty()) bad_option(arg, "expected a path");
       opt.cases_csv = value;
