@@ -134,14 +134,9 @@ TEST_CASE("append: random configurations match the float64 reference", "[gpu][ap
   std::mt19937_64 rng(run.seed);
   for (int64_t i = 0; i < run.configs; ++i) {
     const Draw d = draw(rng, run.config_seed(i));
-    const char* dtypes[] = {"bf16", "fp16", "fp32"};
     const char* caches[] = {"cache T", "cache e4m3", "cache e5m2", "cache NVFP4"};
-    INFO("run seed " << run.seed << ", configuration " << i << " of " << run.configs << ", " << dtypes[d.dtype] << ", "
-                     << caches[d.cache] << (d.pos64 ? ", int64" : ", int32") << " positions: " << d.cfg.describe());
-    switch (d.dtype) {
-      case 0: run_dtype<__nv_bfloat16>(d); break;
-      case 1: run_dtype<__half>(d); break;
-      default: run_dtype<float>(d); break;
-    }
+    INFO(run.where(i) << ", " << dtype_name(d.dtype) << ", " << caches[d.cache] << (d.pos64 ? ", int64" : ", int32")
+                      << " positions: " << d.cfg.describe());
+    with_dtype(d.dtype, [&](auto t) { run_dtype<decltype(t)>(d); });
   }
 }

@@ -512,14 +512,8 @@ TEST_CASE("mla append: random configurations match the float64 reference", "[gpu
   std::mt19937_64 rng(run.seed);
   for (int64_t i = 0; i < run.configs; ++i) {
     const MlaDraw d = draw_mla(rng, run.config_seed(i));
-    const char* dtypes[] = {"bf16", "fp16", "fp32"};
     const char* caches[] = {"cache T", "cache e4m3", "cache e5m2"};
-    INFO("run seed " << run.seed << ", configuration " << i << " of " << run.configs << ", " << dtypes[d.dtype] << ", "
-                     << caches[d.cache] << ": " << d.cfg.describe());
-    switch (d.dtype) {
-      case 0: run_mla_dtype<__nv_bfloat16>(d); break;
-      case 1: run_mla_dtype<__half>(d); break;
-      default: run_mla_dtype<float>(d); break;
-    }
+    INFO(run.where(i) << ", " << dtype_name(d.dtype) << ", " << caches[d.cache] << ": " << d.cfg.describe());
+    with_dtype(d.dtype, [&](auto t) { run_mla_dtype<decltype(t)>(d); });
   }
 }

@@ -80,15 +80,8 @@ TEST_CASE("random configurations match the float64 reference", "[gpu][random]") 
   std::mt19937_64 rng(run.seed);
   for (int64_t i = 0; i < run.configs; ++i) {
     const Draw d = draw(rng, run.config_seed(i));
-    INFO("run seed " << run.seed << ", configuration " << i << " of " << run.configs << ", dtype "
-                     << (d.dtype == 0   ? "bf16"
-                         : d.dtype == 1 ? "fp16"
-                                        : "fp32")
-                     << (d.pos64 ? " int64" : " int32") << " positions: " << d.cfg.describe());
-    switch (d.dtype) {
-      case 0: run_one<__nv_bfloat16>(d); break;
-      case 1: run_one<__half>(d); break;
-      default: run_one<float>(d); break;
-    }
+    INFO(run.where(i) << ", dtype " << dtype_name(d.dtype) << (d.pos64 ? " int64" : " int32")
+                      << " positions: " << d.cfg.describe());
+    with_dtype(d.dtype, [&](auto t) { run_one<decltype(t)>(d); });
   }
 }

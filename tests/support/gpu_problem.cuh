@@ -37,7 +37,25 @@ struct RandomRun {
   uint64_t seed;
   //! Configuration i's own seed.
   uint64_t config_seed(int64_t i) const { return seed * 1000003u + static_cast<uint64_t>(i); }
+  //! Where configuration i stands, for its INFO: "run seed S, configuration i of N".
+  std::string where(int64_t i) const {
+    return "run seed " + std::to_string(seed) + ", configuration " + std::to_string(i) + " of " +
+           std::to_string(configs);
+  }
 };
+
+//! The element types a random test draws, by number: 0 bf16, 1 fp16, else fp32.
+inline const char* dtype_name(int dtype) { return dtype == 0 ? "bf16" : dtype == 1 ? "fp16" : "fp32"; }
+//! Calls f with a value of the element type `dtype` names (dtype_name).
+template <typename F>
+void with_dtype(int dtype, F&& f) {
+  if (dtype == 0)
+    f(__nv_bfloat16{});
+  else if (dtype == 1)
+    f(__half{});
+  else
+    f(float{});
+}
 inline RandomRun random_run(const char* what, uint64_t seed) {
   const RandomRun r{env_int("KVROPE_RANDOM_CONFIGS", 300),
                     static_cast<uint64_t>(env_int("KVROPE_RANDOM_SEED", static_cast<int64_t>(seed)))};
