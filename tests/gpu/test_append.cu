@@ -8,6 +8,8 @@
 // call; graph capture; multimodal positions (mRoPE: contiguous and interleaved sections, a stream stride
 // other than T) with each of these options. Outputs and caches are poisoned (0xFF bytes) before every launch
 // (tests/support/append_problem.cuh).
+#include <cmath>
+#include <random>
 #include <type_traits>
 
 #include "support/append_problem.cuh"
@@ -285,6 +287,104 @@ TEST_CASE("append: fp8 caches divide by the scale in fp32 (inputs where a float6
           "[gpu][append][fp8]") {
   fp32_division_case<__nv_fp8_e4m3>(0.7f);
   fp32_division_case<__nv_fp8_e5m2>(1.1f);
+}
+
+namespace {
+// The fp8 store (detail::store_chunk) of n values of T, N a chunk, under scales[blockIdx.y]: e4m3 codes at
+// out[2 y n + i], e5m2 at out[(2 y + 1) n + i].
+template <typename T, int N>
+__global__ void fp8_store_kernel(const T* x, int64_t n, const float* scales, uint8_t* out) {
+  const detail::StoreScale s = detail::store_scale(scales[blockIdx.y]);
+  uint8_t* const e4m3 = out + 2 * blockIdx.y * n;
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < n / N; c += int64_t{gridDim.x} * blockDim.x) {
+    const Vec<T, N> v = load_vec<cub::LOAD_DEFAULT, T, N>(x + c * N);
+    detail::store_chunk(reinterpret_cast<__nv_fp8_e4m3*>(e4m3) + c * N, v, s);
+    detail::store_chunk(reinterpret_cast<__nv_fp8_e5m2*>(e4m3 + n) + c * N, v, s);
+  }
+}
+
+// Runs fp8_store_kernel over `values` with N = 1 and the vector N, and checks every code against
+// reference::quantize (fp32's IEEE division). Returns the codes compared.
+template <typename T>
+size_t check_fp8_stores(const std::vector<T>& values, const std::vector<float>& scales) {
+  constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  const auto n = static_cast<int64_t>(values.size());
+  REQUIRE(n % kN == 0);
+  DeviceBuffer<T> x(values.size());
+  DeviceBuffer<float> d_scales(scales.size());
+  DeviceBuffer<uint8_t> out(2 * scales.size() * values.size());
+  KVROPE_CUDA_REQUIRE(cudaMemcpy(x.get(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+  KVROPE_CUDA_REQUIRE(cudaMemcpy(d_scales.get(), scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+  size_t compared = 0;
+  for (int vector = 0; vector < 2; ++vector) {
+    KVROPE_CUDA_REQUIRE(cudaMemset(out.get(), 0xFF, out.size()));
+    const dim3 grid(64, static_cast<unsigned>(scales.size()));
+    if (vector)
+      fp8_store_kernel<T, kN><<<grid, 256>>>(x.get(), n, d_scales.get(), out.get());
+    else
+      fp8_store_kernel<T, 1><<<grid, 256>>>(x.get(), n, d_scales.get(), out.get());
+    KVROPE_CUDA_REQUIRE(cudaGetLastError());
+    KVROPE_CUDA_REQUIRE(cudaDeviceSynchronize());
+    const std::vector<uint8_t> codes = out.to_host();
+    size_t wrong = 0;
+    for (size_t k = 0; k < scales.size(); ++k)
+      for (size_t i = 0; i < values.size(); ++i) {
+        const uint8_t e4m3 = reference::quantize<__nv_fp8_e4m3>(values[i], scales[k]);
+        const uint8_t e5m2 = reference::quantize<__nv_fp8_e5m2>(values[i], scales[k]);
+        const uint8_t got4 = codes[2 * k * n + i], got5 = codes[(2 * k + 1) * n + i];
+        if ((got4 != e4m3 || got5 != e5m2) && ++wrong <= 8)
+          UNSCOPED_INFO("N " << (vector ? kN : 1) << " x " << to_float(values[i]) << " scale " << scales[k] << ": e4m3 "
+                             << int{got4} << " (expected " << int{e4m3} << "), e5m2 " << int{got5} << " (expected "
+                             << int{e5m2} << ")");
+        compared += 2;
+      }
+    CHECK(wrong == 0);
+  }
+  return compared;
+}
+
+// Scales: the suites', awkward significands (all ones, one past a power of two), powers of two, extremes
+// (a subnormal, FLT_MAX), a negative one, and random ones over 2^-40 .. 2^40.
+std::vector<float> fp8_store_scales() {
+  std::vector<float> s = {1.0f,   0.0125f, 0.015f,        0.02f,         1.0f / 3.0f,    0.7f,     1.1f,
+                          3.0f,   448.0f,  0x1.fffffep0f, 0x1.000002p0f, 0x1.fffffep-1f, 0x1p-20f, 0x1p20f,
+                          1e-30f, 1e30f,   1e-40f,        3.4e38f,       -0.5f};
+  std::mt19937 rng(2026);
+  std::uniform_real_distribution<float> exponent(-40.0f, 40.0f);
+  while (s.size() < 64) s.push_back(std::exp2(exponent(rng)));
+  return s;
+}
+}  // namespace
+
+TEST_CASE("append: the fp8 store equals fp32's division by the scale: every bf16 and fp16 value, fp32 samples",
+          "[gpu][append][fp8]") {
+  const std::vector<float> scales = fp8_store_scales();
+  std::vector<__nv_bfloat16> b;
+  std::vector<__half> h;
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    __nv_bfloat16_raw rb;
+    __half_raw rh;
+    rb.x = rh.x = static_cast<unsigned short>(bits);
+    const __nv_bfloat16 xb(rb);
+    const __half xh(rh);
+    if (!std::isnan(to_float(xb))) b.push_back(xb);  // (NaN codes are not compared)
+    if (!std::isnan(to_float(xh))) h.push_back(xh);
+  }
+  b.resize(b.size() / 8 * 8);
+  h.resize(h.size() / 8 * 8);
+  std::vector<float> f;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint32_t> bits(0, 0xFFFFFFFFu);
+  std::uniform_real_distribution<float> exponent(-30.0f, 30.0f);
+  while (f.size() < (1u << 17)) {  // random significands, exponents over 2^-30 .. 2^30 (where the codes vary)
+    const float m = 1.0f + static_cast<float>(bits(rng) >> 9) * 0x1p-23f;
+    f.push_back((bits(rng) & 1 ? -m : m) * std::exp2(std::floor(exponent(rng))));
+  }
+  size_t compared = check_fp8_stores(b, scales);
+  compared += check_fp8_stores(h, scales);
+  compared += check_fp8_stores(f, scales);
+  INFO(compared << " codes compared");
+  CHECK(compared > 0);
 }
 
 TEMPLATE_TEST_CASE("append into NVFP4 caches: head dims, styles, partial rotary, norms, layouts, both paths",

@@ -30,8 +30,33 @@ struct StoreScale {
 
 __device__ __forceinline__ StoreScale store_scale(float scale) { return {scale}; }
 
+//! 1 / scale in fp64, within 2^-52 (relative) of it: rcp.approx's estimate, then a cubic and a quadratic Newton
+//! step (the steps of fp64 division's own reciprocal). No range check: a float's value is a normal fp64 number
+//! or 0, Inf or NaN, whose estimate is their exact reciprocal. Computed where a chunk is stored, after the row's
+//! loads: one in the kernel's first lines waited there for the scale's load.
+__device__ __forceinline__ double fp64_reciprocal(float scale) {
+  const double s = scale;
+  double r0;
+  asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(s));
+  double e = fma(-s, r0, 1.0);
+  double r = fma(r0, fma(e, e, e), r0);
+  e = fma(-s, r, 1.0);
+  r = fma(r, e, r);
+  return isfinite(r0) && r0 != 0.0 ? r : r0;
+}
+
+//! float(x) / scale as fp32's IEEE division rounds it, from one fp64 product with `inverse` = 1 / scale
+//! (fp64_reciprocal): the product is within 2^-51 (relative) of the quotient, and a quotient of two fp32
+//! values at or above fp32's least normal is never within 2^-49 of a midpoint between fp32 values (below it,
+//! where midpoints come closer, every fp8 code is zero), so the product rounds to fp32 as the quotient does.
+//! A division took some ten instructions a value, a reciprocal and a range check with its slow path
+//! (docs/performance-log.md #54).
+__device__ __forceinline__ float scaled_quotient(float x, double inverse) {
+  return static_cast<float>(static_cast<double>(x) * inverse);
+}
+
 //! N values of T stored at `dst` as one access in E: E = T as they are; fp8 as
-//! fp8_satfinite(float(x) / scale) (docs/spec.md: the scale divides, in fp32).
+//! fp8_satfinite(float(x) / scale) (docs/spec.md: the scale divides, in fp32), two values a conversion.
 template <typename E, typename T, int N>
 __device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, const StoreScale& s) {
   if constexpr (std::is_same_v<E, T>) {
@@ -42,8 +67,18 @@ __device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, const St
     float f[N];
     x.to_float(f);
     uint8_t bytes[N];
+    const double inverse = fp64_reciprocal(s.scale);
+    if constexpr (N == 1) {
+      bytes[0] = __nv_cvt_float_to_fp8(scaled_quotient(f[0], inverse), __NV_SATFINITE, kKind);
+    } else {
 #pragma unroll
-    for (int i = 0; i < N; ++i) bytes[i] = __nv_cvt_float_to_fp8(f[i] / s.scale, __NV_SATFINITE, kKind);
+      for (int i = 0; i < N; i += 2) {
+        const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(
+            make_float2(scaled_quotient(f[i], inverse), scaled_quotient(f[i + 1], inverse)), __NV_SATFINITE, kKind);
+        bytes[i] = static_cast<uint8_t>(two & 0xff);  // (.x, the first, in the low byte)
+        bytes[i + 1] = static_cast<uint8_t>(two >> 8);
+      }
+    }
     if constexpr (N == 1) {
       *reinterpret_cast<uint8_t*>(dst) = bytes[0];
     } else {

@@ -269,7 +269,8 @@ __device__ __forceinline__ void mla_copy_nope(const MlaArgs<T, C>& a, const MlaG
 //! rows, g.query_warps warps a token, each reading its token's position once; then q_nope's copy. N: elements
 //! a chunk (16 bytes of T, or 1); kL, kR: L and R compiled in (0: read at run time).
 template <typename T, typename C, int N, int kL, int kR>
-__global__ void __launch_bounds__(kMlaBlockThreads) mla_append_kernel(const MlaArgs<T, C> a, const MlaGeometry g) {
+__global__ void __launch_bounds__(kMlaBlockThreads, kMlaBlocksPerSm)
+    mla_append_kernel(const MlaArgs<T, C> a, const MlaGeometry g) {
   wait_for_prior_grids();  // (enable_pdl: the kernel before may still be writing q, kv_c, k_pe)
   allow_dependent_grids();
   constexpr int kWarps = kMlaBlockThreads / 32;
