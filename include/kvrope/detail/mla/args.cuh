@@ -36,6 +36,10 @@ static_assert(kMlaTileTokens <= kMlaBlockThreads, "a thread stages each token of
 //! position, made the copy issue-bound: 478 us at 8 x 512 tokens, Hq 128, against 349 (performance log #53).
 inline constexpr int kMlaCopyRows = 4;
 inline constexpr int kMlaCopyRowLoads = 2;
+//! Consecutive tokens whose query rows a query warp takes (row j of each): their positions, rows and then table
+//! rows load at once, so a warp's two round trips (position, then table row) carry twice the bytes; with one
+//! token a warp, 24 warps an SM held about the bytes in flight the DRAM needs and no more (performance log #55).
+inline constexpr int kMlaQueryTokens = 2;
 //! The sizes the fixed instance is compiled for (DeepSeek-V2/V3, Kimi K2): L = 512, R = 64.
 inline constexpr int kMlaFixedLatentDim = 512;
 inline constexpr int kMlaFixedRotaryDim = 64;
@@ -68,9 +72,9 @@ struct MlaArgs {
 };
 
 //! The plan's geometry (plan.cuh), three roles by block: blocks [0, latent_blocks) take a latent tile each
-//! (tile_tokens tokens); the warps of the next query_blocks take query rows, query_warps a token (its warp w
-//! rows [w 32 / q_lanes, (w + 1) 32 / q_lanes), q_lanes lanes a row); the warps of the rest copy q_nope,
-//! kMlaCopyRows rows each (rows token Hq + head).
+//! (tile_tokens tokens); the warps of the next query_blocks take query rows, query_warps a group of
+//! kMlaQueryTokens tokens (its warp w rows [w 32 / q_lanes, (w + 1) 32 / q_lanes) of each, q_lanes lanes a row); the
+//! warps of the rest copy q_nope, kMlaCopyRows rows each (rows token Hq + head).
 struct MlaGeometry {
   int rot_units;      // units of a rotated row (q_pe, k_pe): R / (2 n), n the elements of a chunk
   int nope_chunks;    // chunks of q_nope a query row copies: N / n with a copy, else 0
@@ -79,7 +83,7 @@ struct MlaGeometry {
   int query_warps;    // ceil(Hq q_lanes / 32)
   int tile_tokens;    // tokens a latent tile: 4, 8, 16 or 32 (a row a warp up to 8 rows a warp)
   int latent_blocks;  // ceil(T / tile_tokens)
-  int query_blocks;   // ceil(T query_warps / 4)
+  int query_blocks;   // ceil(ceil(T / kMlaQueryTokens) query_warps / 4)
   FastDivmod div_query_warps;
   FastDivmod div_heads;  // a q_nope row (token Hq + head) to its token
 };

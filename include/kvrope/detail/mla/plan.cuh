@@ -111,7 +111,8 @@ void plan_mla_geometry(const MlaArgs<T, C>& a, int n, MlaGeometry& g, MlaPlan& p
   while (g.tile_tokens < kMlaTileTokens && (a.tokens + g.tile_tokens - 1) / g.tile_tokens > kMlaLatentTiles)
     g.tile_tokens *= 2;
   g.latent_blocks = static_cast<int>((a.tokens + g.tile_tokens - 1) / g.tile_tokens);
-  g.query_blocks = static_cast<int>((a.tokens * g.query_warps + kWarps - 1) / kWarps);
+  const int64_t query_groups = (a.tokens + kMlaQueryTokens - 1) / kMlaQueryTokens;
+  g.query_blocks = static_cast<int>((query_groups * g.query_warps + kWarps - 1) / kWarps);
   g.div_heads = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(a.q_heads, 1)));
   const int64_t copy_warps = g.nope_chunks > 0 ? (a.tokens * a.q_heads + kMlaCopyRows - 1) / kMlaCopyRows : 0;
   plan.launched = true;
