@@ -32,11 +32,14 @@ __device__ __forceinline__ const unsigned char* mla_table_row(const MlaArgs<T, C
   return static_cast<const unsigned char*>(a.table) + p * mla_table_bytes(a);
 }
 
-//! The angles of unit `pl` of a rotated row (q_pe or k_pe: R elements, all rotated) from its token's table row
-//! `table`.
+//! Rotates one unit of a rotated row (q_pe or k_pe: R elements, all rotated) with the angles of its token's
+//! table row `table`, and rounds it to T.
 template <typename T, typename C, int N>
-__device__ __forceinline__ void mla_unit_angles(const MlaArgs<T, C>& a, const unsigned char* table, int rotary_dim,
-                                                const UnitPlace& pl, RopeChunk<N>& c, RopeChunk<N>& s) {
+__device__ __forceinline__ void mla_rotate_unit(const MlaArgs<T, C>& a, const unsigned char* table, int rotary_dim,
+                                                const UnitPlace& pl, UnitChunks<T, N>& x) {
+  RopeChunk<N> f, c, s;
+  x.lo.to_float(f.lo);
+  x.hi.to_float(f.hi);
   if (a.table_f32) {
     const float* cs = reinterpret_cast<const float*>(table);
     load_staged_angles<N>(cs, cs + rotary_dim / 2, pl, c, s);
@@ -44,27 +47,9 @@ __device__ __forceinline__ void mla_unit_angles(const MlaArgs<T, C>& a, const un
     const T* cs = reinterpret_cast<const T*>(table);
     load_staged_angles<N>(cs, cs + rotary_dim / 2, pl, c, s);
   }
-}
-
-//! Rotates one unit of a rotated row by the angles c, s and rounds it to T.
-template <typename T, int N>
-__device__ __forceinline__ void mla_rotate_by(const UnitPlace& pl, const RopeChunk<N>& c, const RopeChunk<N>& s,
-                                              UnitChunks<T, N>& x) {
-  RopeChunk<N> f;
-  x.lo.to_float(f.lo);
-  x.hi.to_float(f.hi);
   f = pl.cross ? rope_forward(f, c, s) : rope_forward_interleaved(f, c, s);
   x.lo = Vec<T, N>::from_float(f.lo);
   x.hi = Vec<T, N>::from_float(f.hi);
-}
-
-//! Rotates one unit of a rotated row with the angles of its token's table row `table`, and rounds it to T.
-template <typename T, typename C, int N>
-__device__ __forceinline__ void mla_rotate_unit(const MlaArgs<T, C>& a, const unsigned char* table, int rotary_dim,
-                                                const UnitPlace& pl, UnitChunks<T, N>& x) {
-  RopeChunk<N> c, s;
-  mla_unit_angles<T, C, N>(a, table, rotary_dim, pl, c, s);
-  mla_rotate_by<T, N>(pl, c, s, x);
 }
 
 //! A latent row in registers (a warp a row): its token's position (-1: out of range), each lane's first kv_c
@@ -215,57 +200,30 @@ __device__ __forceinline__ void mla_latent_tile(const MlaArgs<T, C>& a, const Ml
   }
 }
 
-//! Query row j of the kMlaQueryTokens tokens from `first` (those below T, with their position in range), q_lanes
-//! lanes a row: RoPE(q_pe) to its place. The tokens' positions and their rows' first units load at once, then
-//! their angles, and only then is anything stored: a store to q (in place) may alias the table for all the
-//! compiler knows, so a token's table row loaded after the stores before it would wait for them.
+//! Query row j of `token` (valid position), q_lanes lanes: RoPE(q_pe) to its place.
 template <typename T, typename C, int N, int kR>
-__device__ __forceinline__ void mla_query_rows(const MlaArgs<T, C>& a, const MlaGeometry& g, int64_t first, int j,
-                                               int lane) {
-  constexpr int K = kMlaQueryTokens;
+__device__ __forceinline__ void mla_query_row(const MlaArgs<T, C>& a, const MlaGeometry& g, int64_t token,
+                                              int64_t position, int j, int lane) {
   const int R = kR ? kR : static_cast<int>(a.rotary_dim);
   const int rot_units = kR ? kR / (2 * N) : g.rot_units;
-  const int lanes = kR ? rot_units : g.q_lanes;  // (R compiled in: 4 or 8 units, a lane each: plan.cuh's q_lanes)
+  const int lanes = g.q_lanes;
   const bool fp8 = a.q_rot8.data != nullptr;
-  const bool unit = lane < rot_units;  // (the lane's first unit, u = lane; more with R > 64 lanes' units)
-  const UnitPlace pl = unit_place<N>(a.style, R, R, rot_units, lane);
-  RawIndex raw[K];
-  UnitChunks<T, N> x[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    if (first + k >= a.tokens) break;
-    raw[k] = load_raw_index(a.positions, a.positions_are_int64, first + k);
-    if (unit) x[k] = load_chunks<T, N>(a.q_pe.row(first + k, j), pl);
-  }
   StoreScale scale;
   if (fp8 && a.q_scale != nullptr) scale = store_scale(*a.q_scale);
-  int64_t position[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    position[k] = first + k < a.tokens ? mla_position(a, raw[k]) : -1;
-    if (position[k] >= 0 && unit) mla_rotate_unit<T, C, N>(a, mla_table_row(a, position[k]), R, pl, x[k]);
-  }
-  const auto store = [&](int64_t token, const UnitPlace& at, const UnitChunks<T, N>& y) {
+  const unsigned char* table = mla_table_row(a, position);
+  const T* q_pe = a.q_pe.row(token, j);
+  for (int u = lane; u < rot_units; u += lanes) {
+    const UnitPlace pl = unit_place<N>(a.style, R, R, rot_units, u);
+    UnitChunks<T, N> x = load_chunks<T, N>(q_pe, pl);
+    mla_rotate_unit<T, C, N>(a, table, R, pl, x);
     if (fp8)
-      store_unit(a.q_rot8.row(token, j), at, y, scale);
+      store_unit(a.q_rot8.row(token, j), pl, x, scale);
     else
-      store_unit(a.q_rot.row(token, j), at, y, StoreScale{});
-  };
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    if (position[k] < 0) continue;
-    if (unit) store(first + k, pl, x[k]);
-    const T* q_pe = a.q_pe.row(first + k, j);
-    for (int u = lane + lanes; u < rot_units; u += lanes) {  // (generic R only)
-      const UnitPlace more = unit_place<N>(a.style, R, R, rot_units, u);
-      UnitChunks<T, N> y = load_chunks<T, N>(q_pe, more);
-      mla_rotate_unit<T, C, N>(a, mla_table_row(a, position[k]), R, more, y);
-      store(first + k, more, y);
-    }
+      store_unit(a.q_rot.row(token, j), pl, x, StoreScale{});
   }
 }
 
-//! Copy warp `warp`: q_nope's rows [g.copy_rows warp, g.copy_rows (warp + 1)) of the T Hq (row token Hq + head),
+//! Copy warp `warp`: q_nope's rows [kMlaCopyRows warp, kMlaCopyRows (warp + 1)) of the T Hq (row token Hq + head),
 //! chunk c of each by lane c % 32, kMlaCopyRowLoads chunks a row a lane in flight. Only the rows of tokens with
 //! their position in range are read and stored (in T, or fp8 with query_scale): the positions first, as the
 //! query rows' chain waits for theirs before their table rows.
@@ -278,11 +236,10 @@ __device__ __forceinline__ void mla_copy_nope(const MlaArgs<T, C>& a, const MlaG
   bool ok[kMlaCopyRows];
 #pragma unroll
   for (int r = 0; r < kMlaCopyRows; ++r) {
-    const uint32_t row = warp * g.copy_rows + r;
+    const uint32_t row = warp * kMlaCopyRows + r;
     token[r] = g.div_heads.div32(row);
     head[r] = row - token[r] * g.div_heads.divisor;
-    ok[r] = r < g.copy_rows && row < rows &&
-            mla_position(a, load_raw_index(a.positions, a.positions_are_int64, token[r])) >= 0;
+    ok[r] = row < rows && mla_position(a, load_raw_index(a.positions, a.positions_are_int64, token[r])) >= 0;
   }
   StoreScale scale;
   if (fp8 && a.q_scale != nullptr) scale = store_scale(*a.q_scale);
@@ -309,7 +266,7 @@ __device__ __forceinline__ void mla_copy_nope(const MlaArgs<T, C>& a, const MlaG
 }
 
 //! The MLA append, three roles by block (plan.cuh): a latent tile each of the first g.latent_blocks; then query
-//! rows, g.query_warps warps a group of kMlaQueryTokens tokens; then q_nope's copy. N: elements
+//! rows, g.query_warps warps a token, each reading its token's position once; then q_nope's copy. N: elements
 //! a chunk (16 bytes of T, or 1); kL, kR: L and R compiled in (0: read at run time).
 template <typename T, typename C, int N, int kL, int kR>
 __global__ void __launch_bounds__(kMlaBlockThreads, kMlaBlocksPerSm)
@@ -328,14 +285,15 @@ __global__ void __launch_bounds__(kMlaBlockThreads, kMlaBlocksPerSm)
     return;
   }
   const uint32_t warp = static_cast<uint32_t>(block - g.latent_blocks) * kWarps + threadIdx.x / 32;
-  const uint32_t group = g.div_query_warps.div32(warp);
-  const int64_t first = int64_t{group} * kMlaQueryTokens;
-  if (first >= a.tokens) return;  // (the whole warp)
-  const int sub = static_cast<int>(warp - group * g.div_query_warps.divisor);
+  const int64_t token = g.div_query_warps.div32(warp);
+  if (token >= a.tokens) return;  // (the whole warp)
+  const int sub = static_cast<int>(warp - static_cast<uint32_t>(token) * g.div_query_warps.divisor);
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int j = sub * (32 / g.q_lanes) + lane / g.q_lanes;
   if (j >= a.q_heads) return;
-  mla_query_rows<T, C, N, kR>(a, g, first, j, lane & (g.q_lanes - 1));
+  const int64_t position = mla_position(a, load_raw_index(a.positions, a.positions_are_int64, token));
+  if (position < 0) return;
+  mla_query_row<T, C, N, kR>(a, g, token, position, j, lane & (g.q_lanes - 1));
 }
 
 }  // namespace kvrope::detail
