@@ -280,6 +280,53 @@ TEST_CASE("quantize divides in fp32 (one rounding), then encodes", "[host][refer
   CHECK(differs > 0);
 }
 
+TEST_CASE("the GPU's fp8 quotient, an fp64 product by 1 / scale, rounds as fp32's division does",
+          "[host][reference][append][fp8]") {
+  // detail::scaled_quotient (append/formats.cuh): float(x) * inverse in fp64, rounded to fp32, with inverse
+  // within 2 units of fp64 of 1 / scale (the GPU's reciprocal is an estimate refined by Newton steps). Equal to
+  // the fp32 quotient bit for bit wherever that is not subnormal; where it is, the fp8 codes agree (zero).
+  // Every bf16 and fp16 value and random fp32 ones (exponents over 2^-30 .. 2^30), under 48 scales.
+  std::vector<float> scales = {0.0125f,       0.015f, 0.7f,  1.0f / 3.0f, 3.0f,    0x1.fffffep0f,
+                               0x1.000002p0f, 1e-30f, 1e30f, 1e-40f,      3.4e38f, -0.5f};
+  std::mt19937 rng(54);
+  std::uniform_real_distribution<float> exponent(-40.0f, 40.0f), narrow(-30.0f, 30.0f);
+  while (scales.size() < 48) scales.push_back(std::exp2(exponent(rng)));
+  std::vector<float> xs;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    __nv_bfloat16_raw rb;
+    __half_raw rh;
+    rb.x = rh.x = static_cast<unsigned short>(b);
+    xs.push_back(to_float(__nv_bfloat16(rb)));
+    xs.push_back(to_float(__half(rh)));
+  }
+  std::uniform_int_distribution<uint32_t> bits(0, 0xFFFFFFFFu);
+  for (int i = 0; i < (1 << 14); ++i)
+    xs.push_back((bits(rng) & 1 ? -1.0f : 1.0f) * (1.0f + static_cast<float>(bits(rng) >> 9) * 0x1p-23f) *
+                 std::exp2(std::floor(narrow(rng))));
+  int64_t compared = 0, wrong = 0;
+  for (const float scale : scales) {
+    const double exact = 1.0 / static_cast<double>(scale);
+    double inverses[5] = {exact, std::nextafter(exact, 0.0), std::nextafter(exact, 2 * exact), 0, 0};
+    inverses[3] = std::nextafter(inverses[1], 0.0);
+    inverses[4] = std::nextafter(inverses[2], 2 * exact);
+    for (const float x : xs) {
+      if (std::isnan(x)) continue;
+      const volatile float q = x / scale;  // (volatile: one fp32 rounding, whatever the host flags)
+      for (const double inverse : inverses) {
+        const float p = detail::scaled_quotient(x, inverse);
+        const bool same = std::fpclassify(q) == FP_SUBNORMAL
+                              ? fp8_encode(p, Fp8Format::kE4M3) == fp8_encode(q, Fp8Format::kE4M3) &&
+                                    fp8_encode(p, Fp8Format::kE5M2) == fp8_encode(q, Fp8Format::kE5M2)
+                              : std::memcmp(&p, const_cast<const float*>(&q), sizeof(float)) == 0;
+        if (!same && ++wrong <= 4) UNSCOPED_INFO("x " << x << " scale " << scale << ": " << p << " against " << q);
+        ++compared;
+      }
+    }
+  }
+  INFO(compared << " quotients compared");
+  CHECK(wrong == 0);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // cpu_append.
 // ---------------------------------------------------------------------------------------------------

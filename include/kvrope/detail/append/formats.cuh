@@ -51,7 +51,7 @@ __device__ __forceinline__ double fp64_reciprocal(float scale) {
 //! where midpoints come closer, every fp8 code is zero), so the product rounds to fp32 as the quotient does.
 //! A division took some ten instructions a value, a reciprocal and a range check with its slow path
 //! (docs/performance-log.md #54).
-__device__ __forceinline__ float scaled_quotient(float x, double inverse) {
+__host__ __device__ __forceinline__ float scaled_quotient(float x, double inverse) {
   return static_cast<float>(static_cast<double>(x) * inverse);
 }
 
