@@ -30,10 +30,10 @@ struct StoreScale {
 
 __device__ __forceinline__ StoreScale store_scale(float scale) { return {scale}; }
 
-//! 1 / scale in fp64, within 2^-52 (relative) of it: rcp.approx's estimate, then a cubic and a quadratic Newton
-//! step (the steps of fp64 division's own reciprocal). No range check: a float's value is a normal fp64 number
-//! or 0, Inf or NaN, whose estimate is their exact reciprocal. Computed where a chunk is stored, after the row's
-//! loads: one in the kernel's first lines waited there for the scale's load.
+//! 1 / scale in fp64, within a unit or two of fp64: rcp.approx's estimate, then a cubic and a quadratic Newton
+//! step (the steps fp64 division takes to its reciprocal). No range check: a float's value is a normal fp64
+//! number or 0, Inf or NaN, whose estimate is their exact reciprocal. Computed where a chunk is stored, after
+//! the row's loads: one in the kernel's first lines waited there for the scale's load.
 __device__ __forceinline__ double fp64_reciprocal(float scale) {
   const double s = scale;
   double r0;
@@ -45,12 +45,12 @@ __device__ __forceinline__ double fp64_reciprocal(float scale) {
   return isfinite(r0) && r0 != 0.0 ? r : r0;
 }
 
-//! float(x) / scale as fp32's IEEE division rounds it, from one fp64 product with `inverse` = 1 / scale
-//! (fp64_reciprocal): the product is within 2^-51 (relative) of the quotient, and a quotient of two fp32
-//! values at or above fp32's least normal is never within 2^-49 of a midpoint between fp32 values (below it,
-//! where midpoints come closer, every fp8 code is zero), so the product rounds to fp32 as the quotient does.
-//! A division took some ten instructions a value, a reciprocal and a range check with its slow path
-//! (docs/performance-log.md #54).
+//! float(x) / scale as fp32's IEEE division rounds it, from one fp64 product with `inverse` within two units of
+//! fp64 of 1 / scale (fp64_reciprocal): the product is within 2^-50 (relative) of the quotient, and a quotient
+//! of two fp32 values at or above fp32's least normal is never within 2^-49 of a midpoint between fp32 values
+//! (below it, where midpoints come closer, every fp8 code is zero), so the product rounds to fp32 as the
+//! quotient does (tests: test_append_reference.cu on the host, test_append.cu on the GPU). A division took
+//! some ten instructions a value, a reciprocal and a range check with its slow path (docs/performance-log.md #54).
 __host__ __device__ __forceinline__ float scaled_quotient(float x, double inverse) {
   return static_cast<float>(static_cast<double>(x) * inverse);
 }

@@ -15,8 +15,8 @@ namespace kvrope::detail {
 
 //! Threads a block: 4 warps, so that a decode call's few warps still spread over many SMs.
 inline constexpr int kMlaBlockThreads = 128;
-//! Blocks a SM the launch bounds ask for: 80 registers a thread, none spilled (the fp8 stores' fp64 quotients
-//! took 96 unbounded: 20 warps a SM, where prefill's copy and query rows want 24 in flight).
+//! Blocks a SM the launch bounds ask for: 80 registers a thread, 8 bytes spilled (a copy warp's row flags, once)
+//! (the fp8 stores' fp64 quotients took 96 unbounded: 20 warps a SM, where prefill's copy and query rows want 24).
 inline constexpr int kMlaBlocksPerSm = 6;
 //! Most tokens a latent tile: a block stages their slots and a slot table and scans the later tokens' slots
 //! once for all of them (a warp a token scanned every later slot: O(T^2) loads), then its warps write their
