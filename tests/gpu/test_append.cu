@@ -6,8 +6,8 @@
 // strides; a fused qkv buffer; padding, repeated and out-of-range slots and positions; misaligned views;
 // int32 and int64 positions; fp32 and T tables; decode, T = 1024, a prefill of 4096 tokens, an empty
 // call; graph capture; multimodal positions (mRoPE: contiguous and interleaved sections, a stream stride
-// other than T) with each of these options. Outputs and caches are poisoned (0xFF bytes) before every launch
-// (tests/support/append_problem.cuh).
+// other than T) with each of these options; the fp8 store itself on every bf16 and fp16 value under 64 scales.
+// Outputs and caches are poisoned (0xFF bytes) before every launch (tests/support/append_problem.cuh).
 #include <cmath>
 #include <random>
 #include <type_traits>
