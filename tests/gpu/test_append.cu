@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "support/append_problem.cuh"
+#include "support/fp8_cases.hpp"
 
 using namespace kvrope;
 using namespace kvrope::testing;
@@ -343,22 +344,11 @@ size_t check_fp8_stores(const std::vector<T>& values, const std::vector<float>& 
   return compared;
 }
 
-// Scales: the suites', awkward significands (all ones, one past a power of two), powers of two, extremes
-// (a subnormal, FLT_MAX), a negative one, and random ones over 2^-40 .. 2^40.
-std::vector<float> fp8_store_scales() {
-  std::vector<float> s = {1.0f,   0.0125f, 0.015f,        0.02f,         1.0f / 3.0f,    0.7f,     1.1f,
-                          3.0f,   448.0f,  0x1.fffffep0f, 0x1.000002p0f, 0x1.fffffep-1f, 0x1p-20f, 0x1p20f,
-                          1e-30f, 1e30f,   1e-40f,        3.4e38f,       -0.5f};
-  std::mt19937 rng(2026);
-  std::uniform_real_distribution<float> exponent(-40.0f, 40.0f);
-  while (s.size() < 64) s.push_back(std::exp2(exponent(rng)));
-  return s;
-}
 }  // namespace
 
 TEST_CASE("append: the fp8 store equals fp32's division by the scale: every bf16 and fp16 value, fp32 samples",
           "[gpu][append][fp8]") {
-  const std::vector<float> scales = fp8_store_scales();
+  const std::vector<float> scales = fp8_store_scales(64, 2026);
   std::vector<__nv_bfloat16> b;
   std::vector<__half> h;
   for (uint32_t bits = 0; bits < 0x10000; ++bits) {
@@ -372,14 +362,7 @@ TEST_CASE("append: the fp8 store equals fp32's division by the scale: every bf16
   }
   b.resize(b.size() / 8 * 8);
   h.resize(h.size() / 8 * 8);
-  std::vector<float> f;
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<uint32_t> bits(0, 0xFFFFFFFFu);
-  std::uniform_real_distribution<float> exponent(-30.0f, 30.0f);
-  while (f.size() < (1u << 17)) {  // random significands, exponents over 2^-30 .. 2^30 (where the codes vary)
-    const float m = 1.0f + static_cast<float>(bits(rng) >> 9) * 0x1p-23f;
-    f.push_back((bits(rng) & 1 ? -m : m) * std::exp2(std::floor(exponent(rng))));
-  }
+  const std::vector<float> f = fp8_store_values(1u << 17, 7);
   size_t compared = check_fp8_stores(b, scales);
   compared += check_fp8_stores(h, scales);
   compared += check_fp8_stores(f, scales);

@@ -66,11 +66,11 @@ __device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, const St
     constexpr __nv_fp8_interpretation_t kKind = std::is_same_v<E, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
     float f[N];
     x.to_float(f);
-    uint8_t bytes[N];
     const double inverse = fp64_reciprocal(s.scale);
     if constexpr (N == 1) {
-      bytes[0] = __nv_cvt_float_to_fp8(scaled_quotient(f[0], inverse), __NV_SATFINITE, kKind);
+      *reinterpret_cast<uint8_t*>(dst) = __nv_cvt_float_to_fp8(scaled_quotient(f[0], inverse), __NV_SATFINITE, kKind);
     } else {
+      uint8_t bytes[N];
 #pragma unroll
       for (int i = 0; i < N; i += 2) {
         const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(
@@ -78,10 +78,6 @@ __device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, const St
         bytes[i] = static_cast<uint8_t>(two & 0xff);  // (.x, the first, in the low byte)
         bytes[i + 1] = static_cast<uint8_t>(two >> 8);
       }
-    }
-    if constexpr (N == 1) {
-      *reinterpret_cast<uint8_t*>(dst) = bytes[0];
-    } else {
       using Raw = typename RawWord<N>::type;
       Raw raw;
       memcpy(&raw, bytes, N);
