@@ -5,6 +5,7 @@
 
 #include <cuda_fp8.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -49,10 +50,47 @@ __device__ __forceinline__ double fp64_reciprocal(float scale) {
 //! fp64 of 1 / scale (fp64_reciprocal): the product is within 2^-50 (relative) of the quotient, and a quotient
 //! of two fp32 values at or above fp32's least normal is never within 2^-49 of a midpoint between fp32 values
 //! (below it, where midpoints come closer, every fp8 code is zero), so the product rounds to fp32 as the
-//! quotient does (tests: test_append_reference.cu on the host, test_append.cu on the GPU). A division took
-//! some ten instructions a value, a reciprocal and a range check with its slow path (docs/performance-log.md #54).
+//! quotient does (tests: test_append_reference.cu on the host, test_append.cu on the GPU). The path of scales
+//! outside Fp8Divisor's fast range; its two conversions a value (to fp64 and back) run on the 16-a-clock pipe.
 __host__ __device__ __forceinline__ float scaled_quotient(float x, double inverse) {
   return static_cast<float>(static_cast<double>(x) * inverse);
+}
+
+//! What an fp8 store divides by: the scale, RN(1 / scale) in fp32 and 1 / scale in fp64 (within two units).
+//! The fp32 reciprocal rounds from the fp64 one as 1 / scale rounds: a reciprocal of an fp32 value in fast's
+//! range is never within 2^-49 (relative) of an fp32 midpoint, the quotient argument above.
+struct Fp8Divisor {
+  float scale;
+  float inverse;     // RN(1 / scale), when fast
+  double inverse64;  // within two units of fp64 of 1 / scale
+  bool fast;         // 2^-32 <= |scale| <= 2^32: fp8_quotient's fp32 steps hold for every x
+};
+
+__host__ __device__ __forceinline__ Fp8Divisor fp8_divisor(float scale, double inverse64) {
+  const float m = fabsf(scale);
+  return {scale, static_cast<float>(inverse64), inverse64, m >= 0x1p-32f && m <= 0x1p32f};
+}
+
+//! float(x) / scale as fp32's IEEE division rounds it. Fast scales: q0 = x · (1 / scale), then two corrections
+//! q' = q + (x - q scale) / scale, each remainder exact by an fma and multiplied by RN(1 / scale). q0 is within
+//! 1.5 units of the quotient, the first correction within half a unit and a sliver, and from there Markstein's
+//! theorem (IBM J. Res. Dev. 34(1), 1990: a quotient within a unit and a reciprocal within half a unit make one
+//! correction the correctly rounded quotient) gives the second the IEEE result. It needs the remainders exact
+//! and nothing subnormal: so for 2^-80 <= |x| <= 2^80 (quotients within 2^-112 .. 2^112); outside it q0 stands,
+//! a quotient beyond every fp8 code's reach (zero of x's sign at most 2^-48; saturated at least 2^48; Inf;
+//! NaN). Five fp32 operations a value against scaled_quotient's two conversions (docs/performance-log.md #55).
+__host__ __device__ __forceinline__ float fp8_quotient(float x, const Fp8Divisor& d) {
+  if (!d.fast) return scaled_quotient(x, d.inverse64);
+#ifdef __CUDA_ARCH__
+  const float q0 = __fmul_rn(x, d.inverse);  // (never contracted into an fma)
+#else
+  const volatile float product = x * d.inverse;
+  const float q0 = product;
+#endif
+  const float q1 = fmaf(fmaf(-q0, d.scale, x), d.inverse, q0);
+  const float q2 = fmaf(fmaf(-q1, d.scale, x), d.inverse, q1);
+  const float m = fabsf(x);
+  return m >= 0x1p-80f && m <= 0x1p80f ? q2 : q0;
 }
 
 //! N values of T stored at `dst` as one access in E: E = T as they are; fp8 as
@@ -66,15 +104,15 @@ __device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, const St
     constexpr __nv_fp8_interpretation_t kKind = std::is_same_v<E, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
     float f[N];
     x.to_float(f);
-    const double inverse = fp64_reciprocal(s.scale);
+    const Fp8Divisor d = fp8_divisor(s.scale, fp64_reciprocal(s.scale));
     if constexpr (N == 1) {
-      *reinterpret_cast<uint8_t*>(dst) = __nv_cvt_float_to_fp8(scaled_quotient(f[0], inverse), __NV_SATFINITE, kKind);
+      *reinterpret_cast<uint8_t*>(dst) = __nv_cvt_float_to_fp8(fp8_quotient(f[0], d), __NV_SATFINITE, kKind);
     } else {
       uint8_t bytes[N];
 #pragma unroll
       for (int i = 0; i < N; i += 2) {
         const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(
-            make_float2(scaled_quotient(f[i], inverse), scaled_quotient(f[i + 1], inverse)), __NV_SATFINITE, kKind);
+            make_float2(fp8_quotient(f[i], d), fp8_quotient(f[i + 1], d)), __NV_SATFINITE, kKind);
         bytes[i] = static_cast<uint8_t>(two & 0xff);  // (.x, the first, in the low byte)
         bytes[i + 1] = static_cast<uint8_t>(two >> 8);
       }
