@@ -116,6 +116,7 @@ struct MlaPlan {
   int tile_tokens = 0;      //!< tokens a latent tile: 4 (a row a warp) up to 32, as T asks (detail/mla/plan.cuh)
   int latent_blocks = 0;    //!< the grid's first blocks: a latent tile each
   int query_blocks = 0;     //!< the blocks after them: query rows, query_warps warps a token
+  int copy_rows = 0;        //!< rows of q_nope a copy warp: 1 for small calls, else 4 (detail/mla/args.cuh)
   int copy_blocks = 0;      //!< the last blocks: q_nope's copy (0 without one)
   int grid = 0;             //!< blocks: latent_blocks + query_blocks + copy_blocks
   int block = 0;            //!< threads per block

@@ -340,8 +340,14 @@ TEST_CASE("mla plan: DeepSeek-V3 on the vector path takes the instance of L = 51
   CHECK(b.q_copy.data == out.query_out.data);
   plan_mla_geometry(b, 8, g, plan);
   CHECK(g.nope_chunks == 16);
-  CHECK(plan.copy_blocks == 64);  // 64 tokens x 16 rows, kMlaCopyRows a warp, 4 warps a block
-  CHECK(plan.grid == 16 + 32 + 64);
+  CHECK(plan.copy_rows == 1);         // 64 tokens x 16 rows: at most kMlaCopyOneRowMax, a row a warp
+  CHECK(plan.copy_blocks == 256);     // 4 warps a block
+  CHECK(plan.grid == 16 + 32 + 256);  // latent tiles, query rows, copy warps
+  auto big = fake_mla(512);
+  set_query_out(big, false, true);
+  plan_mla_geometry(mla_args(big), 8, g, plan);
+  CHECK(plan.copy_rows == kMlaCopyRows);  // 8,192 rows: kMlaCopyRows a warp
+  CHECK(plan.copy_blocks == 512 * 16 / kMlaCopyRows / 4);
   auto out8 = fake_mla();
   set_query_out(out8, true, false);
   const MlaArgs<T, T> c = mla_args(out8);

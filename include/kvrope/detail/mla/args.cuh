@@ -35,6 +35,9 @@ static_assert(kMlaTileTokens <= kMlaBlockThreads, "a thread stages each token of
 //! 8.7 us a T = 1 call with q in fp8). A chunk a lane in one flat range of chunks, each finding its row and
 //! position, made the copy issue-bound: 478 us at 8 x 512 tokens, Hq 128, against 349 (performance log #53).
 inline constexpr int kMlaCopyRows = 4;
+//! Most rows of q_nope (T Hq) copied a row a warp, else kMlaCopyRows a warp: a small call's conversions to fp8
+//! spread over as many warps as rows (performance log #55: T = 1 -0.6 us; at 4,096 rows a row a warp lost).
+inline constexpr int64_t kMlaCopyOneRowMax = 1024;
 inline constexpr int kMlaCopyRowLoads = 2;
 //! The sizes the fixed instance is compiled for (DeepSeek-V2/V3, Kimi K2): L = 512, R = 64.
 inline constexpr int kMlaFixedLatentDim = 512;
@@ -70,7 +73,7 @@ struct MlaArgs {
 //! The plan's geometry (plan.cuh), three roles by block: blocks [0, latent_blocks) take a latent tile each
 //! (tile_tokens tokens); the warps of the next query_blocks take query rows, query_warps a token (its warp w
 //! rows [w 32 / q_lanes, (w + 1) 32 / q_lanes), q_lanes lanes a row); the warps of the rest copy q_nope,
-//! kMlaCopyRows rows each (rows token Hq + head).
+//! copy_rows rows each (rows token Hq + head).
 struct MlaGeometry {
   int rot_units;      // units of a rotated row (q_pe, k_pe): R / (2 n), n the elements of a chunk
   int nope_chunks;    // chunks of q_nope a query row copies: N / n with a copy, else 0
@@ -80,6 +83,7 @@ struct MlaGeometry {
   int tile_tokens;    // tokens a latent tile: 4, 8, 16 or 32 (a row a warp up to 8 rows a warp)
   int latent_blocks;  // ceil(T / tile_tokens)
   int query_blocks;   // ceil(T query_warps / 4)
+  int copy_rows;      // rows of q_nope a copy warp: 1 while T Hq <= kMlaCopyOneRowMax, else kMlaCopyRows
   FastDivmod div_query_warps;
   FastDivmod div_heads;  // a q_nope row (token Hq + head) to its token
 };

@@ -223,7 +223,7 @@ __device__ __forceinline__ void mla_query_row(const MlaArgs<T, C>& a, const MlaG
   }
 }
 
-//! Copy warp `warp`: q_nope's rows [kMlaCopyRows warp, kMlaCopyRows (warp + 1)) of the T Hq (row token Hq + head),
+//! Copy warp `warp`: q_nope's rows [g.copy_rows warp, g.copy_rows (warp + 1)) of the T Hq (row token Hq + head),
 //! chunk c of each by lane c % 32, kMlaCopyRowLoads chunks a row a lane in flight. Only the rows of tokens with
 //! their position in range are read and stored (in T, or fp8 with query_scale): the positions first, as the
 //! query rows' chain waits for theirs before their table rows.
@@ -236,10 +236,11 @@ __device__ __forceinline__ void mla_copy_nope(const MlaArgs<T, C>& a, const MlaG
   bool ok[kMlaCopyRows];
 #pragma unroll
   for (int r = 0; r < kMlaCopyRows; ++r) {
-    const uint32_t row = warp * kMlaCopyRows + r;
+    const uint32_t row = warp * g.copy_rows + r;
     token[r] = g.div_heads.div32(row);
     head[r] = row - token[r] * g.div_heads.divisor;
-    ok[r] = row < rows && mla_position(a, load_raw_index(a.positions, a.positions_are_int64, token[r])) >= 0;
+    ok[r] = r < g.copy_rows && row < rows &&
+            mla_position(a, load_raw_index(a.positions, a.positions_are_int64, token[r])) >= 0;
   }
   StoreScale scale;
   if (fp8 && a.q_scale != nullptr) scale = store_scale(*a.q_scale);

@@ -113,7 +113,9 @@ void plan_mla_geometry(const MlaArgs<T, C>& a, int n, MlaGeometry& g, MlaPlan& p
   g.latent_blocks = static_cast<int>((a.tokens + g.tile_tokens - 1) / g.tile_tokens);
   g.query_blocks = static_cast<int>((a.tokens * g.query_warps + kWarps - 1) / kWarps);
   g.div_heads = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(a.q_heads, 1)));
-  const int64_t copy_warps = g.nope_chunks > 0 ? (a.tokens * a.q_heads + kMlaCopyRows - 1) / kMlaCopyRows : 0;
+  const int64_t q_rows = a.tokens * a.q_heads;
+  g.copy_rows = q_rows <= kMlaCopyOneRowMax ? 1 : kMlaCopyRows;
+  const int64_t copy_warps = g.nope_chunks > 0 ? (q_rows + g.copy_rows - 1) / g.copy_rows : 0;
   plan.launched = true;
   plan.vec_width = n;
   plan.fixed_dims = mla_fixed_dims(a, n);
@@ -122,6 +124,7 @@ void plan_mla_geometry(const MlaArgs<T, C>& a, int n, MlaGeometry& g, MlaPlan& p
   plan.tile_tokens = g.tile_tokens;
   plan.latent_blocks = g.latent_blocks;
   plan.query_blocks = g.query_blocks;
+  plan.copy_rows = g.copy_rows;
   plan.copy_blocks = static_cast<int>((copy_warps + kWarps - 1) / kWarps);
   plan.block = kMlaBlockThreads;
   plan.grid = plan.latent_blocks + plan.query_blocks + plan.copy_blocks;
