@@ -63,24 +63,23 @@ struct Fp8Divisor {
   float scale;
   float inverse;     // RN(1 / scale), when fast
   double inverse64;  // within two units of fp64 of 1 / scale
-  bool fast;         // 2^-32 <= |scale| <= 2^32: fp8_quotient's fp32 steps hold for every x
+  bool fast;         // 2^-60 <= |scale| <= 2^24 (every scale a model uses): fp8_quotient_fast holds for every x
 };
 
 __host__ __device__ __forceinline__ Fp8Divisor fp8_divisor(float scale, double inverse64) {
   const float m = fabsf(scale);
-  return {scale, static_cast<float>(inverse64), inverse64, m >= 0x1p-32f && m <= 0x1p32f};
+  return {scale, static_cast<float>(inverse64), inverse64, m >= 0x1p-60f && m <= 0x1p24f};
 }
 
-//! float(x) / scale as fp32's IEEE division rounds it. Fast scales: q0 = x · (1 / scale), then two corrections
-//! q' = q + (x - q scale) / scale, each remainder exact by an fma and multiplied by RN(1 / scale). q0 is within
-//! 1.5 units of the quotient, the first correction within half a unit and a sliver, and from there Markstein's
-//! theorem (IBM J. Res. Dev. 34(1), 1990: a quotient within a unit and a reciprocal within half a unit make one
-//! correction the correctly rounded quotient) gives the second the IEEE result. It needs the remainders exact
-//! and nothing subnormal: so for 2^-80 <= |x| <= 2^80 (quotients within 2^-112 .. 2^112); outside it q0 stands,
-//! a quotient beyond every fp8 code's reach (zero of x's sign at most 2^-48; saturated at least 2^48; Inf;
+//! float(x) / scale as fp32's IEEE division rounds it, for a fast divisor: q0 = x · RN(1 / scale), then two
+//! corrections q' = q + (x - q scale) · RN(1 / scale), the remainder by an fma. q0 is within 1.5 units of the
+//! quotient, the first correction within half a unit and a sliver (its remainder exact or within half a unit
+//! of itself), and from there Markstein's theorem (IBM J. Res. Dev. 34(1), 1990: a quotient within a unit, a
+//! reciprocal within half a unit, the remainder exact) makes the second the correctly rounded quotient. For
+//! 2^-100 <= |x| <= 2^66 nothing is subnormal and the second remainder is exact; outside it q0 stands, a
+//! quotient beyond every fp8 code's reach (at most 2^-40: a zero of x's sign; at least 2^42, Inf: saturated;
 //! NaN). Five fp32 operations a value against scaled_quotient's two conversions (docs/performance-log.md #55).
-__host__ __device__ __forceinline__ float fp8_quotient(float x, const Fp8Divisor& d) {
-  if (!d.fast) return scaled_quotient(x, d.inverse64);
+__host__ __device__ __forceinline__ float fp8_quotient_fast(float x, const Fp8Divisor& d) {
 #ifdef __CUDA_ARCH__
   const float q0 = __fmul_rn(x, d.inverse);  // (never contracted into an fma)
 #else
@@ -90,7 +89,39 @@ __host__ __device__ __forceinline__ float fp8_quotient(float x, const Fp8Divisor
   const float q1 = fmaf(fmaf(-q0, d.scale, x), d.inverse, q0);
   const float q2 = fmaf(fmaf(-q1, d.scale, x), d.inverse, q1);
   const float m = fabsf(x);
-  return m >= 0x1p-80f && m <= 0x1p80f ? q2 : q0;
+  return m >= 0x1p-100f && m <= 0x1p66f ? q2 : q0;
+}
+
+//! float(x) / scale as fp32's IEEE division rounds it, for any divisor.
+__host__ __device__ __forceinline__ float fp8_quotient(float x, const Fp8Divisor& d) {
+  return d.fast ? fp8_quotient_fast(x, d) : scaled_quotient(x, d.inverse64);
+}
+
+//! N fp8 codes of kKind, fp8_satfinite(quotient(f[i])), as one word, two values a conversion.
+template <__nv_fp8_interpretation_t kKind, int N, typename Quotient>
+__device__ __forceinline__ typename RawWord<N>::type fp8_codes(const float* f, Quotient quotient) {
+  uint8_t bytes[N];
+#pragma unroll
+  for (int i = 0; i < N; i += 2) {
+    const __nv_fp8x2_storage_t two =
+        __nv_cvt_float2_to_fp8x2(make_float2(quotient(f[i]), quotient(f[i + 1])), __NV_SATFINITE, kKind);
+    bytes[i] = static_cast<uint8_t>(two & 0xff);  // (.x, the first, in the low byte)
+    bytes[i + 1] = static_cast<uint8_t>(two >> 8);
+  }
+  typename RawWord<N>::type raw;
+  memcpy(&raw, bytes, N);
+  return raw;
+}
+
+template <int N>
+struct Fp8Floats {
+  float f[N];
+};
+
+//! fp8_codes of a divisor outside the fast range: out of line, so that the kernels carry one copy of it.
+template <__nv_fp8_interpretation_t kKind, int N>
+__device__ __noinline__ typename RawWord<N>::type fp8_codes_wide(Fp8Floats<N> x, double inverse) {
+  return fp8_codes<kKind, N>(x.f, [inverse](float v) { return scaled_quotient(v, inverse); });
 }
 
 //! N values of T stored at `dst` as one access in E: E = T as they are; fp8 as
@@ -108,17 +139,15 @@ __device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, const St
     if constexpr (N == 1) {
       *reinterpret_cast<uint8_t*>(dst) = __nv_cvt_float_to_fp8(fp8_quotient(f[0], d), __NV_SATFINITE, kKind);
     } else {
-      uint8_t bytes[N];
-#pragma unroll
-      for (int i = 0; i < N; i += 2) {
-        const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(
-            make_float2(fp8_quotient(f[i], d), fp8_quotient(f[i + 1], d)), __NV_SATFINITE, kKind);
-        bytes[i] = static_cast<uint8_t>(two & 0xff);  // (.x, the first, in the low byte)
-        bytes[i + 1] = static_cast<uint8_t>(two >> 8);
-      }
       using Raw = typename RawWord<N>::type;
       Raw raw;
-      memcpy(&raw, bytes, N);
+      if (d.fast) {
+        raw = fp8_codes<kKind, N>(f, [&d](float v) { return fp8_quotient_fast(v, d); });
+      } else {
+        Fp8Floats<N> wide;
+        memcpy(wide.f, f, sizeof(f));
+        raw = fp8_codes_wide<kKind, N>(wide, d.inverse64);
+      }
       *reinterpret_cast<Raw*>(dst) = raw;
     }
   }
