@@ -80,14 +80,29 @@ __host__ __device__ __forceinline__ Fp8Divisor fp8_divisor(float scale, double i
 //! quotient beyond every fp8 code's reach (at most 2^-40: a zero of x's sign; at least 2^42, Inf: saturated;
 //! NaN). Five fp32 operations a value against scaled_quotient's two conversions (docs/performance-log.md #55).
 __host__ __device__ __forceinline__ float fp8_quotient_fast(float x, const Fp8Divisor& d) {
+  // (On the GPU the IEEE instructions themselves, neither flushed nor contracted whatever the user's flags.)
+  auto mul = [](float a, float b) {
 #ifdef __CUDA_ARCH__
-  const float q0 = __fmul_rn(x, d.inverse);  // (never contracted into an fma)
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
 #else
-  const volatile float product = x * d.inverse;
-  const float q0 = product;
+    const volatile float r = a * b;
+    return static_cast<float>(r);
 #endif
-  const float q1 = fmaf(fmaf(-q0, d.scale, x), d.inverse, q0);
-  const float q2 = fmaf(fmaf(-q1, d.scale, x), d.inverse, q1);
+  };
+  auto fma = [](float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+#else
+    return std::fmaf(a, b, c);
+#endif
+  };
+  const float q0 = mul(x, d.inverse);
+  const float q1 = fma(fma(-q0, d.scale, x), d.inverse, q0);
+  const float q2 = fma(fma(-q1, d.scale, x), d.inverse, q1);
   const float m = fabsf(x);
   return m >= 0x1p-100f && m <= 0x1p66f ? q2 : q0;
 }
