@@ -5,7 +5,6 @@
 
 #include <cuda_fp8.h>
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -50,93 +49,10 @@ __device__ __forceinline__ double fp64_reciprocal(float scale) {
 //! fp64 of 1 / scale (fp64_reciprocal): the product is within 2^-50 (relative) of the quotient, and a quotient
 //! of two fp32 values at or above fp32's least normal is never within 2^-49 of a midpoint between fp32 values
 //! (below it, where midpoints come closer, every fp8 code is zero), so the product rounds to fp32 as the
-//! quotient does (tests: test_append_reference.cu on the host, test_append.cu on the GPU). The path of scales
-//! outside Fp8Divisor's fast range; its two conversions a value (to fp64 and back) run on the 16-a-clock pipe.
+//! quotient does (tests: test_append_reference.cu on the host, test_append.cu on the GPU). A division took
+//! some ten instructions a value, a reciprocal and a range check with its slow path (docs/performance-log.md #54).
 __host__ __device__ __forceinline__ float scaled_quotient(float x, double inverse) {
   return static_cast<float>(static_cast<double>(x) * inverse);
-}
-
-//! What an fp8 store divides by: the scale, RN(1 / scale) in fp32 and 1 / scale in fp64 (within two units).
-//! The fp32 reciprocal rounds from the fp64 one as 1 / scale rounds: a reciprocal of an fp32 value in fast's
-//! range is never within 2^-49 (relative) of an fp32 midpoint, the quotient argument above.
-struct Fp8Divisor {
-  float scale;
-  float inverse;     // RN(1 / scale), when fast
-  double inverse64;  // within two units of fp64 of 1 / scale
-  bool fast;         // 2^-60 <= |scale| <= 2^24 (every scale a model uses): fp8_quotient_fast holds for every x
-};
-
-__host__ __device__ __forceinline__ Fp8Divisor fp8_divisor(float scale, double inverse64) {
-  const float m = fabsf(scale);
-  return {scale, static_cast<float>(inverse64), inverse64, m >= 0x1p-60f && m <= 0x1p24f};
-}
-
-//! float(x) / scale as fp32's IEEE division rounds it, for a fast divisor: q0 = x · RN(1 / scale), then two
-//! corrections q' = q + (x - q scale) · RN(1 / scale), the remainder by an fma. q0 is within 1.5 units of the
-//! quotient, the first correction within half a unit and a sliver (its remainder exact or within half a unit
-//! of itself), and from there Markstein's theorem (IBM J. Res. Dev. 34(1), 1990: a quotient within a unit, a
-//! reciprocal within half a unit, the remainder exact) makes the second the correctly rounded quotient. For
-//! 2^-100 <= |x| <= 2^66 nothing is subnormal and the second remainder is exact; outside it q0 stands, a
-//! quotient beyond every fp8 code's reach (at most 2^-40: a zero of x's sign; at least 2^42, Inf: saturated;
-//! NaN). Five fp32 operations a value against scaled_quotient's two conversions (docs/performance-log.md #55).
-__host__ __device__ __forceinline__ float fp8_quotient_fast(float x, const Fp8Divisor& d) {
-  // (On the GPU the IEEE instructions themselves, neither flushed nor contracted whatever the user's flags.)
-  auto mul = [](float a, float b) {
-#ifdef __CUDA_ARCH__
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-#else
-    const volatile float r = a * b;
-    return static_cast<float>(r);
-#endif
-  };
-  auto fma = [](float a, float b, float c) {
-#ifdef __CUDA_ARCH__
-    float r;
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
-    return r;
-#else
-    return std::fmaf(a, b, c);
-#endif
-  };
-  const float q0 = mul(x, d.inverse);
-  const float q1 = fma(fma(-q0, d.scale, x), d.inverse, q0);
-  const float q2 = fma(fma(-q1, d.scale, x), d.inverse, q1);
-  const float m = fabsf(x);
-  return m >= 0x1p-100f && m <= 0x1p66f ? q2 : q0;
-}
-
-//! float(x) / scale as fp32's IEEE division rounds it, for any divisor.
-__host__ __device__ __forceinline__ float fp8_quotient(float x, const Fp8Divisor& d) {
-  return d.fast ? fp8_quotient_fast(x, d) : scaled_quotient(x, d.inverse64);
-}
-
-//! N fp8 codes of kKind, fp8_satfinite(quotient(f[i])), as one word, two values a conversion.
-template <__nv_fp8_interpretation_t kKind, int N, typename Quotient>
-__device__ __forceinline__ typename RawWord<N>::type fp8_codes(const float* f, Quotient quotient) {
-  uint8_t bytes[N];
-#pragma unroll
-  for (int i = 0; i < N; i += 2) {
-    const __nv_fp8x2_storage_t two =
-        __nv_cvt_float2_to_fp8x2(make_float2(quotient(f[i]), quotient(f[i + 1])), __NV_SATFINITE, kKind);
-    bytes[i] = static_cast<uint8_t>(two & 0xff);  // (.x, the first, in the low byte)
-    bytes[i + 1] = static_cast<uint8_t>(two >> 8);
-  }
-  typename RawWord<N>::type raw;
-  memcpy(&raw, bytes, N);
-  return raw;
-}
-
-template <int N>
-struct Fp8Floats {
-  float f[N];
-};
-
-//! fp8_codes of a divisor outside the fast range: out of line, so that the kernels carry one copy of it.
-template <__nv_fp8_interpretation_t kKind, int N>
-__device__ __noinline__ typename RawWord<N>::type fp8_codes_wide(Fp8Floats<N> x, double inverse) {
-  return fp8_codes<kKind, N>(x.f, [inverse](float v) { return scaled_quotient(v, inverse); });
 }
 
 //! N values of T stored at `dst` as one access in E: E = T as they are; fp8 as
@@ -150,19 +66,21 @@ __device__ __forceinline__ void store_chunk(E* dst, const Vec<T, N>& x, const St
     constexpr __nv_fp8_interpretation_t kKind = std::is_same_v<E, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
     float f[N];
     x.to_float(f);
-    const Fp8Divisor d = fp8_divisor(s.scale, fp64_reciprocal(s.scale));
+    const double inverse = fp64_reciprocal(s.scale);
     if constexpr (N == 1) {
-      *reinterpret_cast<uint8_t*>(dst) = __nv_cvt_float_to_fp8(fp8_quotient(f[0], d), __NV_SATFINITE, kKind);
+      *reinterpret_cast<uint8_t*>(dst) = __nv_cvt_float_to_fp8(scaled_quotient(f[0], inverse), __NV_SATFINITE, kKind);
     } else {
+      uint8_t bytes[N];
+#pragma unroll
+      for (int i = 0; i < N; i += 2) {
+        const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(
+            make_float2(scaled_quotient(f[i], inverse), scaled_quotient(f[i + 1], inverse)), __NV_SATFINITE, kKind);
+        bytes[i] = static_cast<uint8_t>(two & 0xff);  // (.x, the first, in the low byte)
+        bytes[i + 1] = static_cast<uint8_t>(two >> 8);
+      }
       using Raw = typename RawWord<N>::type;
       Raw raw;
-      if (d.fast) {
-        raw = fp8_codes<kKind, N>(f, [&d](float v) { return fp8_quotient_fast(v, d); });
-      } else {
-        Fp8Floats<N> wide;
-        memcpy(wide.f, f, sizeof(f));
-        raw = fp8_codes_wide<kKind, N>(wide, d.inverse64);
-      }
+      memcpy(&raw, bytes, N);
       *reinterpret_cast<Raw*>(dst) = raw;
     }
   }
