@@ -8,8 +8,8 @@
 // call; graph capture; multimodal positions (mRoPE: contiguous and interleaved sections, a stream stride
 // other than T) with each of these options; the fp8 store itself on every bf16 and fp16 value under 64 scales.
 // Outputs and caches are poisoned (0xFF bytes) before every launch (tests/support/append_problem.cuh).
+#include <algorithm>
 #include <cmath>
-#include <random>
 #include <type_traits>
 
 #include "support/append_problem.cuh"
@@ -349,17 +349,11 @@ size_t check_fp8_stores(const std::vector<T>& values, const std::vector<float>& 
 TEST_CASE("append: the fp8 store equals fp32's division by the scale: every bf16 and fp16 value, fp32 samples",
           "[gpu][append][fp8]") {
   const std::vector<float> scales = fp8_store_scales(64, 2026);
-  std::vector<__nv_bfloat16> b;
-  std::vector<__half> h;
-  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
-    __nv_bfloat16_raw rb;
-    __half_raw rh;
-    rb.x = rh.x = static_cast<unsigned short>(bits);
-    const __nv_bfloat16 xb(rb);
-    const __half xh(rh);
-    if (!std::isnan(to_float(xb))) b.push_back(xb);  // (NaN codes are not compared)
-    if (!std::isnan(to_float(xh))) h.push_back(xh);
-  }
+  std::vector<__nv_bfloat16> b = every_16bit_value<__nv_bfloat16>();
+  std::vector<__half> h = every_16bit_value<__half>();
+  // (NaN codes are not compared)
+  b.erase(std::remove_if(b.begin(), b.end(), [](__nv_bfloat16 x) { return std::isnan(to_float(x)); }), b.end());
+  h.erase(std::remove_if(h.begin(), h.end(), [](__half x) { return std::isnan(to_float(x)); }), h.end());
   b.resize(b.size() / 8 * 8);
   h.resize(h.size() / 8 * 8);
   const std::vector<float> f = fp8_store_values(1u << 17, 7);

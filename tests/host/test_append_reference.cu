@@ -291,13 +291,8 @@ TEST_CASE("the GPU's fp8 quotient, an fp64 product by 1 / scale, rounds as fp32'
   // Every bf16 and fp16 value and random fp32 ones (exponents over 2^-30 .. 2^30), under 48 scales.
   const std::vector<float> scales = testing::fp8_store_scales(48, 54);
   std::vector<float> xs = testing::fp8_store_values(1 << 14, 55);
-  for (uint32_t b = 0; b < 0x10000; ++b) {
-    __nv_bfloat16_raw rb;
-    __half_raw rh;
-    rb.x = rh.x = static_cast<unsigned short>(b);
-    xs.push_back(to_float(__nv_bfloat16(rb)));
-    xs.push_back(to_float(__half(rh)));
-  }
+  for (const __nv_bfloat16 x : testing::every_16bit_value<__nv_bfloat16>()) xs.push_back(to_float(x));
+  for (const __half x : testing::every_16bit_value<__half>()) xs.push_back(to_float(x));
   int64_t compared = 0, wrong = 0;
   for (const float scale : scales) {
     const double exact = 1.0 / static_cast<double>(scale);

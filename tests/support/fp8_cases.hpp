@@ -1,11 +1,15 @@
 // Inputs for the host and GPU tests of the fp8 store's quotient (kvrope/detail/append/formats.cuh: float(x) /
 // scale as fp32's division rounds it, taken as an fp64 product): scales of every awkward kind, and fp32 values
-// where the codes vary.
+// where the codes vary; every bf16 and fp16 value.
 #pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 namespace kvrope::testing {
@@ -33,6 +37,21 @@ inline std::vector<float> fp8_store_values(size_t count, uint32_t seed) {
     f.push_back((bits(rng) & 1 ? -m : m) * std::exp2(std::floor(exponent(rng))));
   }
   return f;
+}
+
+//! Every value of a 16-bit T (__nv_bfloat16 or __half): its 65,536 bit patterns in order, NaNs included.
+template <typename T>
+inline std::vector<T> every_16bit_value() {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "every_16bit_value: bf16 or fp16");
+  using Raw = std::conditional_t<std::is_same_v<T, __half>, __half_raw, __nv_bfloat16_raw>;
+  std::vector<T> v;
+  v.reserve(0x10000);
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    Raw raw;
+    raw.x = static_cast<unsigned short>(bits);
+    v.push_back(T(raw));
+  }
+  return v;
 }
 
 }  // namespace kvrope::testing
