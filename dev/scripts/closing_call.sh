@@ -4,7 +4,7 @@
 # carried: `git archive` of the commit compared against; several, space-separated) and, in the background, the PyTorch package and FlashInfer's JIT
 # modules; runs the examples, the GPU tests named in TESTS (default all; append_random: RANDOM_CONFIGS),
 # the A/B of the base and this tree on AB_SUITES (unchecked; default six), this tree's CHECKED_SUITES
-# checked (default the serve suites, with the host time), FlashInfer's comparison (bench/flashinfer_compare.py,
+# checked (default the serve suites, with the host time), the serve suites' floor study (FLOOR=0 skips it), FlashInfer's comparison (bench/flashinfer_compare.py,
 # dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it, COMPARE=setup only sets FlashInfer up for pytest), compute-sanitizer's SANITIZE_TOOLS (default all
 # four) over SANITIZE_BINARIES (default gpu_append*; SANITIZE=0 skips them) and pytest over PYTEST_TESTS (default
 # python/tests; PYTEST=0 skips it and the package build). AB_DECODE_CASES / AB_PREFILL_CASES limit the A/B's serve cases (default: all);
@@ -45,8 +45,10 @@ else
   (echo skipped > /tmp/fi.rc) &
 fi
 fi_pid=$!
-cmake -S . -B build-gpu "${cfg[@]}" > "$logs/configure.log" 2>&1 &&
-  cmake --build build-gpu -j 9 --target kvrope_bench kvrope_gpu_append kvrope_gpu_append_random kvrope_gpu_forward \
+floor_target=()
+[[ ${FLOOR:-1} == 1 ]] && floor_target=(append_floor_study)
+cmake -S . -B build-gpu "${cfg[@]}" -DKVROPE_BUILD_DEV=${FLOOR:-1} > "$logs/configure.log" 2>&1 &&
+  cmake --build build-gpu -j 9 --target "${floor_target[@]}" kvrope_bench kvrope_gpu_append kvrope_gpu_append_random kvrope_gpu_forward \
     kvrope_gpu_backward kvrope_gpu_launch kvrope_gpu_random kvrope_gpu_nvfp4 kvrope_gpu_mla_append kvrope_example_backward_basic \
     kvrope_example_training_step kvrope_example_custom_kernel > "$logs/build.log" 2>&1
 summary+=("build: rc $? ($SECONDS s)")
@@ -89,6 +91,11 @@ for s in ${CHECKED_SUITES:-serve-decode serve-prefill}; do
     > "$logs/$s.log" 2>&1
   summary+=("$s checked: rc $? ($SECONDS s)")
 done
+# The serve suites' memory work alone (dev/append_floor_study.cu, about 40 s): what the targets ask against it.
+if [[ ${FLOOR:-1} == 1 ]] && (($(left) > 90)); then
+  timeout 100 build-gpu/dev/append_floor_study --iters=$iters > "$logs/append_floor.log" 2>&1
+  summary+=("append_floor_study: rc $? ($SECONDS s)")
+fi
 # (the comparison takes about 130 s on an H100 or H200, and cut short it prints no case: it gets up to 200 s of
 # what is left, the sanitizers and pytest the rest)
 if [[ ${COMPARE:-1} == 1 ]] && (($(left) > 150)); then
@@ -120,6 +127,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --
       grep -v event | sed "s|$logs/||"
   done
   grep -E 'geomean|max' "$logs/serve_vs_flashinfer.txt" 2>/dev/null
+  grep -E 'geomean' "$logs/append_floor.log" 2>/dev/null
   cat "$logs/sanitize_summaries.txt"
   printf '%s\n' "${summary[@]}"
 } > "$out/summary.txt"
