@@ -7,10 +7,9 @@
 // slot's cache row. No validation, no error flag, no planner, no bounds beyond the grid: what the protocol leaves
 // for the two round trips (position, then table row) and the stores, beside the floor and empty kernel the serve
 // suites use. Timed by kvrope_bench's clock (bench/support), the suites' cases and tokens (append_tokens).
-//   append_floor_study [--iters=N]
+//   append_floor_study [--iters=N] [--cases_csv=serve-decode|serve-prefill]...   (default: both suites)
 #include <cuda_bf16.h>
 
-#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -50,8 +49,8 @@ constexpr int kMaxParts = 3;
 struct Bare {
   Part part[kMaxParts];
   int parts = 0;
-  int items_per_token = 0;   // sum of heads * units over the parts
-  int rotary = 0;            // R: a table row is R fp32, cos then sin
+  int items_per_token = 0;  // sum of heads * units over the parts
+  int rotary = 0;           // R: a table row is R fp32, cos then sin
   const float* table = nullptr;
   const int64_t* positions = nullptr;
   const int64_t* slots = nullptr;
@@ -89,10 +88,12 @@ __global__ void __launch_bounds__(128) bare_append(const Bare a) {
   const int head = rest / p.units(), u = rest % p.units();
   const int64_t position = a.positions[token], slot = a.slots[token];  // at once with the row's units
   const __nv_bfloat16* src = p.src + token * p.src_token + head * p.src_head;
-  __nv_bfloat16* dst = p.dst == nullptr ? const_cast<__nv_bfloat16*>(src) : p.dst + slot * p.dst_slot + head * p.dst_head;
+  __nv_bfloat16* dst =
+      p.dst == nullptr ? const_cast<__nv_bfloat16*>(src) : p.dst + slot * p.dst_slot + head * p.dst_head;
   const int half = p.dim / 2;
   if (p.rotate == Rotate::kHalf) {
-    const uint4 lo = *reinterpret_cast<const uint4*>(src + u * 8), hi = *reinterpret_cast<const uint4*>(src + half + u * 8);
+    const uint4 lo = *reinterpret_cast<const uint4*>(src + u * 8),
+                hi = *reinterpret_cast<const uint4*>(src + half + u * 8);
     float x[8], y[8], c[8], s[8];
     unpack(lo, x), unpack(hi, y);
     load_floats(a.table + position * a.rotary + u * 8, c);
@@ -152,11 +153,13 @@ Row run_case(GpuClock& clock, const Calibration& cal, const AppendCase& c, int64
     held.emplace_back(T * width * 2), held.emplace_back(slots * H * D * 2), held.emplace_back(slots * H * D * 2);
     fill_bf16(held[0], 7);
     __nv_bfloat16* qkv = held[0].as<__nv_bfloat16>();
-    a.part[0] = Part{qkv, width, D, nullptr, 0, 0, static_cast<int>(Hq), static_cast<int>(D), Rotate::kHalf};
-    a.part[1] = Part{qkv + Hq * D, width, D, held[1].as<__nv_bfloat16>(), H * D, D, static_cast<int>(H),
-                     static_cast<int>(D), Rotate::kHalf};
-    a.part[2] = Part{qkv + (Hq + H) * D, width, D, held[2].as<__nv_bfloat16>(), H * D, D, static_cast<int>(H),
-                     static_cast<int>(D), Rotate::kNone};
+    // Heads of D at `offset` in a token's qkv row, written in place (cache null) or to the cache's slot row.
+    auto heads_of = [&](int64_t offset, int64_t heads, __nv_bfloat16* cache, Rotate rotate) {
+      return Part{qkv + offset, width, D, cache, H * D, D, static_cast<int>(heads), static_cast<int>(D), rotate};
+    };
+    a.part[0] = heads_of(0, Hq, nullptr, Rotate::kHalf);
+    a.part[1] = heads_of(Hq * D, H, held[1].as<__nv_bfloat16>(), Rotate::kHalf);
+    a.part[2] = heads_of((Hq + H) * D, H, held[2].as<__nv_bfloat16>(), Rotate::kNone);
   } else {
     const int64_t Hq = c.query_heads, N = c.nope_dim, L = c.latent_dim;
     held.emplace_back(T * Hq * (N + R) * 2), held.emplace_back(T * (L + R) * 2), held.emplace_back(slots * (L + R) * 2);
@@ -164,8 +167,8 @@ Row run_case(GpuClock& clock, const Calibration& cal, const AppendCase& c, int64
     __nv_bfloat16* q = held[0].as<__nv_bfloat16>();
     __nv_bfloat16* kv = held[1].as<__nv_bfloat16>();  // [T, L + R]: kv_c, then k_pe
     __nv_bfloat16* cache = held[2].as<__nv_bfloat16>();
-    a.part[0] = Part{q + N, Hq * (N + R), N + R, nullptr, 0, 0, static_cast<int>(Hq), static_cast<int>(R),
-                     Rotate::kInterleaved};
+    a.part[0] = Part{
+        q + N, Hq * (N + R), N + R, nullptr, 0, 0, static_cast<int>(Hq), static_cast<int>(R), Rotate::kInterleaved};
     a.part[1] = Part{kv, L + R, 0, cache, L + R, 0, 1, static_cast<int>(L), Rotate::kNone};
     a.part[2] = Part{kv + L, L + R, 0, cache + L, L + R, 0, 1, static_cast<int>(R), Rotate::kInterleaved};
   }
@@ -173,16 +176,10 @@ Row run_case(GpuClock& clock, const Calibration& cal, const AppendCase& c, int64
   for (int k = 0; k < a.parts; ++k) a.items_per_token += a.part[k].heads * a.part[k].units();
   a.items = T * a.items_per_token;
   const int grid = static_cast<int>((a.items + 127) / 128);
-  std::vector<double> t;
-  for (int64_t i = 0; i < iters + 2; ++i) {
-    const Sample s = clock.time([&](cudaStream_t st) {
-      bare_append<<<grid, 128, 0, st>>>(a);
-      KVROPE_BENCH_CUDA(cudaGetLastError());
-    });
-    if (i >= 2) t.push_back(s.cupti_us);
-  }
+  const double med =
+      median_of(study_times_us(clock, iters, [&](cudaStream_t st) { bare_append<<<grid, 128, 0, st>>>(a); }));
   KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
-  Row r{median_of(t), cal.floor_us(append_bytes(c, false))};
+  Row r{med, cal.floor_us(append_bytes(c, false))};
   const double bytes = append_bytes(c, false);
   std::printf("%s case %3d %-5s %-8s Hq %3lld | bare %8.2f us | floor %7.2f | %8.3f MB | bare/floor %6.3f",
               c.decode ? "serve-decode" : "serve-prefill", c.id, c.shape().c_str(), c.cache_label(),
@@ -192,36 +189,30 @@ Row run_case(GpuClock& clock, const Calibration& cal, const AppendCase& c, int64
   return r;
 }
 
-double geomean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += std::log(x);
-  return v.empty() ? 0 : std::exp(s / static_cast<double>(v.size()));
+// The suite's bf16 cases, GQA then MLA, each group's geomean after its rows.
+void study_suite(GpuClock& clock, const Calibration& cal, int64_t iters, const std::string& suite) {
+  const bool decode = suite == "serve-decode";
+  for (const bool mla : {false, true}) {
+    Means x, x_large;
+    for (const AppendCase& c : append_case_table(decode)) {
+      if (c.mla != mla || c.cache != AppendCache::kBf16 || c.mrope || c.query_fp8 ||
+          (!mla && c.layout != AppendLayout::kNhd))
+        continue;
+      const Row r = run_case(clock, cal, c, iters);
+      x.add(decode ? r.us / (r.floor + cal.empty_kernel_us) : r.us / r.floor);
+      if (!decode && append_bytes(c, false) >= 64e6) x_large.add(r.us / r.floor);
+    }
+    const char* group = mla ? "mla bf16" : "bf16 NHD";
+    if (decode)
+      std::printf("%s %s: bare/(floor+empty) geomean = %.3f (%d cases)\n", suite.c_str(), group, x.geometric(), x.n);
+    else
+      std::printf("%s %s: bare/floor geomean = %.3f, >= 64 MB %.3f (%d of them)\n", suite.c_str(), group, x.geometric(),
+                  x_large.geometric(), x_large.n);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return floor_study_main(
-      argc, argv, "append_floor_study", {"serve-decode", "serve-prefill"},
-      [](GpuClock& clock, const Calibration& cal, int64_t iters, const std::string& suite) {
-        const bool decode = suite == "serve-decode";
-        for (const bool mla : {false, true}) {
-          std::vector<double> x, x_large;
-          for (const AppendCase& c : append_case_table(decode)) {
-            if (c.mla != mla || c.cache != AppendCache::kBf16 || c.mrope || c.query_fp8 ||
-                (!mla && c.layout != AppendLayout::kNhd))
-              continue;
-            const Row r = run_case(clock, cal, c, iters);
-            x.push_back(decode ? r.us / (r.floor + cal.empty_kernel_us) : r.us / r.floor);
-            if (!decode && append_bytes(c, false) >= 64e6) x_large.push_back(r.us / r.floor);
-          }
-          const char* group = mla ? "mla bf16" : "bf16 NHD";
-          if (decode)
-            std::printf("%s %s: bare/(floor+empty) geomean = %.3f (%zu cases)\n", suite.c_str(), group, geomean(x),
-                        x.size());
-          else
-            std::printf("%s %s: bare/floor geomean = %.3f, >= 64 MB %.3f (%zu cases)\n", suite.c_str(), group,
-                        geomean(x), geomean(x_large), x_large.size());
-        }
-      });
+  return floor_study_main(argc, argv, "append_floor_study", {"serve-decode", "serve-prefill"}, study_suite);
 }

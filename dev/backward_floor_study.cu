@@ -213,20 +213,15 @@ void run_modes(GpuClock& clock, const Calibration& cal, const LeaderboardCase& c
     a.copy_units = in_place ? 0 : B * H * Smax * D * E / 16;
     const int64_t copy_blocks = (a.copy_units + kBlock * kCopyUnits - 1) / (kBlock * kCopyUnits);
     const int grid = static_cast<int>(std::max<int64_t>(1, a.token_blocks + copy_blocks));
-    std::vector<double> t;
-    for (int64_t i = 0; i < iters + 2; ++i) {
-      const Sample s = clock.time([&](cudaStream_t st) {
-        if (mode == kInPlaceChecked) {
-          bare_backward<T, true><<<grid, kBlock, 0, st>>>(a);
-        } else {
-          bare_backward<T, false><<<grid, kBlock, 0, st>>>(a);
-        }
-        KVROPE_BENCH_CUDA(cudaGetLastError());
-      });
-      if (i >= 2) t.push_back(s.cupti_us);
-    }
+    const double med = median_of(study_times_us(clock, iters, [&](cudaStream_t st) {
+      if (mode == kInPlaceChecked) {
+        bare_backward<T, true><<<grid, kBlock, 0, st>>>(a);
+      } else {
+        bare_backward<T, false><<<grid, kBlock, 0, st>>>(a);
+      }
+    }));
     const double floor = cal.floor_us(in_place ? bytes.in_place : bytes.out_of_place);
-    result[mode] = {median_of(t), floor, in_place ? chain_bound_us(floor, cal.empty_kernel_us) : floor};
+    result[mode] = {med, floor, in_place ? chain_bound_us(floor, cal.empty_kernel_us) : floor};
   }
 }
 

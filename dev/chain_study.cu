@@ -20,6 +20,7 @@
 #include "cupti_clock.cuh"
 #include "cupti_records.cuh"
 #include "device.cuh"
+#include "floor_study.cuh"
 #include "stats.hpp"
 
 namespace {
@@ -73,14 +74,7 @@ void run_chain_study(GpuClock& clock, int64_t iters, double empty_kernel_us) {
       "stores; CUPTI median of %lld calls, L2 flushed before each (the empty kernel: %.3f us)\n",
       static_cast<long long>(iters), empty_kernel_us);
   auto time_it = [&](const char* what, int loads, int stores, auto&& launch) {
-    std::vector<double> t;
-    for (int64_t i = 0; i < iters + 2; ++i) {
-      const Sample s = clock.time([&](cudaStream_t st) {
-        launch(st);
-        KVROPE_BENCH_CUDA(cudaGetLastError());
-      });
-      if (i >= 2) t.push_back(s.cupti_us);
-    }
+    const std::vector<double> t = study_times_us(clock, iters, launch);
     std::printf("chain: loads %d, stores %2d x 512 B%s: median %.3f us, p10 %.3f, p90 %.3f\n", loads, stores, what,
                 median_of(t), percentile_of(t, 0.1), percentile_of(t, 0.9));
   };

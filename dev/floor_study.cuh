@@ -1,6 +1,7 @@
-// The floor studies' shared frame (dev/forward_floor_study.cu, dev/backward_floor_study.cu): their
-// command line, then kvrope_bench's CUPTI clock and calibration around one call of the study a case
-// table. Run from the repository's root (the default tables are paths under bench/).
+// The floor studies' shared frame (dev/forward_floor_study.cu, dev/backward_floor_study.cu,
+// dev/append_floor_study.cu; study_times_us also dev/chain_study.cu): their command line, then kvrope_bench's
+// CUPTI clock and calibration around one call of the study a case table. Run from the repository's root (the default
+// tables are paths under bench/).
 #pragma once
 
 #include <cstdio>
@@ -16,8 +17,23 @@
 #include "cupti_clock.cuh"
 #include "cupti_records.cuh"
 #include "device.cuh"
+#include "stats.hpp"
 
 namespace kvrope_bench {
+
+// The CUPTI times of `iters` calls of launch(stream), each after the L2 flush (two calls before them dropped).
+template <typename Launch>
+std::vector<double> study_times_us(GpuClock& clock, int64_t iters, Launch&& launch) {
+  std::vector<double> t;
+  for (int64_t i = 0; i < iters + 2; ++i) {
+    const Sample s = clock.time([&](cudaStream_t st) {
+      launch(st);
+      KVROPE_BENCH_CUDA(cudaGetLastError());
+    });
+    if (i >= 2) t.push_back(s.cupti_us);
+  }
+  return t;
+}
 
 // `name [--iters=N] [--cases_csv=PATH]...`: table_study(clock, calibration, iters, path) for each table
 // (default: `tables`). Returns the process's exit status.

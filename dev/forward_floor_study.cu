@@ -93,16 +93,10 @@ void run_case(GpuClock& clock, const Calibration& cal, const LeaderboardCase& c,
          c.cache_len,
          static_cast<uint32_t>(rows * kUnits)};
   const int grid = static_cast<int>((a.items + 127) / 128);
-  std::vector<double> t;
-  for (int64_t i = 0; i < iters + 2; ++i) {
-    const Sample s = clock.time([&](cudaStream_t st) {
-      bare_forward<<<grid, 128, 0, st>>>(a);
-      KVROPE_BENCH_CUDA(cudaGetLastError());
-    });
-    if (i >= 2) t.push_back(s.cupti_us);
-  }
+  const double med =
+      median_of(study_times_us(clock, iters, [&](cudaStream_t st) { bare_forward<<<grid, 128, 0, st>>>(a); }));
   const double bytes = 5.0 * rows * row_bytes + 2.0 * table_bytes;  // k, v read; 2 cache rows, key_out written
-  const double floor = cal.floor_us(bytes), med = median_of(t);
+  const double floor = cal.floor_us(bytes);
   std::printf(
       "case %2d B %3lld S %5lld S_max %5lld | bare %8.2f us | floor %7.2f | bare/floor %6.3f | "
       "bare/(floor+empty) %6.3f\n",
