@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(128) bare_append(const Bare a) {
   }
 }
 
-// 0.5 + N(0, 1)-ish bf16 values, never zero, from the suites' generator.
+// bf16 values in [0.25, 1.25), never zero, from the suites' generator.
 void fill_bf16(DeviceBuffer& b, uint64_t seed) {
   std::vector<__nv_bfloat16> h(b.bytes() / 2);
   SplitMix rng{seed};
