@@ -2,9 +2,9 @@
 // (docs/performance-log.md, "The serving forward: what its memory work alone takes"). The serve suites' bf16 cases
 // (bench/support/append_cases.hpp: NHD pages, Hq 32 and 64, H 8, D 128, rotate-half; the MLA cases with bf16
 // latent rows, Hq 16 and 128, L 512, R 64, interleaved), moved by a thread a 16-byte unit (rotate-half: a unit
-// pair) of one row: it loads the token's position and slot and its row's units at once, then the table's cos and
-// sin at the position, then stores q rotated in place and k rotated and v (MLA: kv_c, then k_pe rotated) to the
-// slot's cache row. No validation, no error flag, no planner, no bounds beyond the grid: what the protocol leaves
+// pair) of one row, a row of blocks a token (no division before the first load): it loads the token's position
+// and slot and its row's units at once, then the table's cos and sin at the position, then stores q rotated in
+// place and k rotated and v (MLA: kv_c, then k_pe rotated) to the slot's cache row. No validation, no error flag, no planner, no bounds beyond the grid: what the protocol leaves
 // for the two round trips (position, then table row) and the stores, beside the floor and empty kernel the serve
 // suites use. Timed by kvrope_bench's clock (bench/support), the suites' cases and tokens (append_tokens).
 //   append_floor_study [--iters=N] [--cases_csv=serve-decode|serve-prefill]...   (default: both suites)
@@ -40,8 +40,13 @@ struct Part {
   int64_t dst_slot = 0, dst_head = 0;
   int heads = 0, dim = 0;
   Rotate rotate = Rotate::kNone;
-  // A thread's 16-byte units of one row: dim / 8, a rotate-half pair counting once.
-  __host__ __device__ int units() const { return rotate == Rotate::kHalf ? dim / 16 : dim / 8; }
+  int unit_shift = 0, items = 0;  // log2 of a row's units (set_units), heads * units
+  // A thread's 16-byte units of one row: dim / 8, a rotate-half pair counting once (a power of two here).
+  void set_units() {
+    const int units = rotate == Rotate::kHalf ? dim / 16 : dim / 8;
+    while ((1 << unit_shift) < units) ++unit_shift;
+    items = heads * units;
+  }
 };
 
 constexpr int kMaxParts = 3;
@@ -49,12 +54,11 @@ constexpr int kMaxParts = 3;
 struct Bare {
   Part part[kMaxParts];
   int parts = 0;
-  int items_per_token = 0;  // sum of heads * units over the parts
+  int items_per_token = 0;  // the parts' items: a block row of the grid (blockIdx.y: the token)
   int rotary = 0;           // R: a table row is R fp32, cos then sin
   const float* table = nullptr;
   const int64_t* positions = nullptr;
   const int64_t* slots = nullptr;
-  int64_t items = 0;
 };
 
 __device__ __forceinline__ void unpack(uint4 v, float (&f)[8]) {
@@ -76,17 +80,13 @@ __device__ __forceinline__ void load_floats(const float* p, float (&f)[8]) {
 }
 
 __global__ void __launch_bounds__(128) bare_append(const Bare a) {
-  const int64_t item = int64_t{blockIdx.x} * 128 + threadIdx.x;
-  if (item >= a.items) return;
-  const int64_t token = item / a.items_per_token;
-  int rest = static_cast<int>(item % a.items_per_token), k = 0;
-  while (k + 1 < a.parts && rest >= a.part[k].heads * a.part[k].units()) {
-    rest -= a.part[k].heads * a.part[k].units();
-    ++k;
-  }
+  const int64_t token = blockIdx.y;
+  const int64_t position = a.positions[token], slot = a.slots[token];  // the chain's heads, first
+  int rest = static_cast<int>(blockIdx.x * 128 + threadIdx.x), k = 0;
+  if (rest >= a.items_per_token) return;
+  while (k + 1 < a.parts && rest >= a.part[k].items) rest -= a.part[k++].items;
   const Part& p = a.part[k];
-  const int head = rest / p.units(), u = rest % p.units();
-  const int64_t position = a.positions[token], slot = a.slots[token];  // at once with the row's units
+  const int head = rest >> p.unit_shift, u = rest & ((1 << p.unit_shift) - 1);
   const __nv_bfloat16* src = p.src + token * p.src_token + head * p.src_head;
   __nv_bfloat16* dst =
       p.dst == nullptr ? const_cast<__nv_bfloat16*>(src) : p.dst + slot * p.dst_slot + head * p.dst_head;
@@ -173,9 +173,11 @@ Row run_case(GpuClock& clock, const Calibration& cal, const AppendCase& c, int64
     a.part[2] = Part{kv + L, L + R, 0, cache + L, L + R, 0, 1, static_cast<int>(R), Rotate::kInterleaved};
   }
   a.parts = 3;
-  for (int k = 0; k < a.parts; ++k) a.items_per_token += a.part[k].heads * a.part[k].units();
-  a.items = T * a.items_per_token;
-  const int grid = static_cast<int>((a.items + 127) / 128);
+  for (int k = 0; k < a.parts; ++k) {
+    a.part[k].set_units();
+    a.items_per_token += a.part[k].items;
+  }
+  const dim3 grid((a.items_per_token + 127) / 128, static_cast<unsigned>(T));  // (T <= 8,192 < 65,536)
   const double med =
       median_of(study_times_us(clock, iters, [&](cudaStream_t st) { bare_append<<<grid, 128, 0, st>>>(a); }));
   KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
