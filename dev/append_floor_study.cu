@@ -4,9 +4,10 @@
 // latent rows, Hq 16 and 128, L 512, R 64, interleaved), moved by a thread a 16-byte unit (rotate-half: a unit
 // pair) of one row, a row of blocks a token (no division before the first load): it loads the token's position
 // and slot and its row's units at once, then the table's cos and sin at the position, then stores q rotated in
-// place and k rotated and v (MLA: kv_c, then k_pe rotated) to the slot's cache row. No validation, no error flag, no planner, no bounds beyond the grid: what the protocol leaves
-// for the two round trips (position, then table row) and the stores, beside the floor and empty kernel the serve
-// suites use. Timed by kvrope_bench's clock (bench/support), the suites' cases and tokens (append_tokens).
+// place and k rotated and v (MLA: kv_c, then k_pe rotated) to the slot's cache row. No validation, no error flag, no
+// planner, no bounds beyond the grid: what the protocol leaves for the two round trips (position, then table row) and
+// the stores, beside the floor and empty kernel the serve suites use. Timed by kvrope_bench's clock (bench/support),
+// the suites' cases and tokens (append_tokens).
 //   append_floor_study [--iters=N] [--cases_csv=serve-decode|serve-prefill]...   (default: both suites)
 #include <cuda_bf16.h>
 
