@@ -50,11 +50,10 @@ struct Part {
   }
 };
 
-constexpr int kMaxParts = 3;
+constexpr int kParts = 3;  // GQA: q, k, v heads; MLA: q_pe heads, kv_c, k_pe
 
 struct Bare {
-  Part part[kMaxParts];
-  int parts = 0;
+  Part part[kParts];
   int items_per_token = 0;  // the parts' items: a block row of the grid (blockIdx.y: the token)
   int rotary = 0;           // R: a table row is R fp32, cos then sin
   const float* table = nullptr;
@@ -85,7 +84,7 @@ __global__ void __launch_bounds__(128) bare_append(const Bare a) {
   const int64_t position = a.positions[token], slot = a.slots[token];  // the chain's heads, first
   int rest = static_cast<int>(blockIdx.x * 128 + threadIdx.x), k = 0;
   if (rest >= a.items_per_token) return;
-  while (k + 1 < a.parts && rest >= a.part[k].items) rest -= a.part[k++].items;
+  while (k + 1 < kParts && rest >= a.part[k].items) rest -= a.part[k++].items;
   const Part& p = a.part[k];
   const int head = rest >> p.unit_shift, u = rest & ((1 << p.unit_shift) - 1);
   const __nv_bfloat16* src = p.src + token * p.src_token + head * p.src_head;
@@ -128,15 +127,14 @@ void fill_bf16(DeviceBuffer& b, uint64_t seed) {
 }
 
 struct Row {
-  double us = 0, floor = 0;
+  double us = 0, floor = 0, bytes = 0;
 };
 
 Row run_case(GpuClock& clock, const Calibration& cal, const AppendCase& c, int64_t iters) {
   const AppendTokens tok = append_tokens(c, 1);
   const int64_t T = c.tokens(), slots = c.pages() * c.page_size, R = c.rotary_dim();
-  std::vector<int64_t> positions(tok.positions.begin(), tok.positions.begin() + T);
   DeviceBuffer pos(T * 8), slot(T * 8), table(c.max_position * R * 4);
-  KVROPE_BENCH_CUDA(cudaMemcpy(pos.as<void>(), positions.data(), T * 8, cudaMemcpyHostToDevice));
+  KVROPE_BENCH_CUDA(cudaMemcpy(pos.as<void>(), tok.positions.data(), T * 8, cudaMemcpyHostToDevice));
   KVROPE_BENCH_CUDA(cudaMemcpy(slot.as<void>(), tok.slots.data(), T * 8, cudaMemcpyHostToDevice));
   {
     std::vector<float> h(c.max_position * R);
@@ -173,17 +171,15 @@ Row run_case(GpuClock& clock, const Calibration& cal, const AppendCase& c, int64
     a.part[1] = Part{kv, L + R, 0, cache, L + R, 0, 1, static_cast<int>(L), Rotate::kNone};
     a.part[2] = Part{kv + L, L + R, 0, cache + L, L + R, 0, 1, static_cast<int>(R), Rotate::kInterleaved};
   }
-  a.parts = 3;
-  for (int k = 0; k < a.parts; ++k) {
+  for (int k = 0; k < kParts; ++k) {
     a.part[k].set_units();
     a.items_per_token += a.part[k].items;
   }
   const dim3 grid((a.items_per_token + 127) / 128, static_cast<unsigned>(T));  // (T <= 8,192 < 65,536)
   const double med =
       median_of(study_times_us(clock, iters, [&](cudaStream_t st) { bare_append<<<grid, 128, 0, st>>>(a); }));
-  KVROPE_BENCH_CUDA(cudaDeviceSynchronize());
-  Row r{med, cal.floor_us(append_bytes(c, false))};
   const double bytes = append_bytes(c, false);
+  const Row r{med, cal.floor_us(bytes), bytes};
   std::printf("%s case %3d %-5s %-8s Hq %3lld | bare %8.2f us | floor %7.2f | %8.3f MB | bare/floor %6.3f",
               c.decode ? "serve-decode" : "serve-prefill", c.id, c.shape().c_str(), c.cache_label(),
               static_cast<long long>(c.query_heads), r.us, r.floor, bytes * 1e-6, r.us / r.floor);
@@ -203,7 +199,7 @@ void study_suite(GpuClock& clock, const Calibration& cal, int64_t iters, const s
         continue;
       const Row r = run_case(clock, cal, c, iters);
       x.add(decode ? r.us / (r.floor + cal.empty_kernel_us) : r.us / r.floor);
-      if (!decode && append_bytes(c, false) >= 64e6) x_large.add(r.us / r.floor);
+      if (!decode && r.bytes >= 64e6) x_large.add(r.us / r.floor);
     }
     const char* group = mla ? "mla bf16" : "bf16 NHD";
     if (decode)
