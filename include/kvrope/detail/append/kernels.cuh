@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   const uint32_t warp = blockIdx.x * (kAppendTokenBlockThreads / 32) + threadIdx.x / 32;
   const int64_t token = g.div_token_warps.div32(warp);
   if (token >= a.tokens) return;  // (the whole warp)
-  // The chain's heads first: the position (then the table row), the slot (then the scan of later slots).
+  // The chain's heads first: the position (then the table row), the slot and the later slots (the scan).
   const RawIndex raw_position = load_raw_index(a.positions, a.positions_are_int64, token);
   RawIndex raw_streams[2];  // mRoPE: the token's second and third positions
   if constexpr (kMrope) {
@@ -43,6 +43,10 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
   const int rows_per_warp = 32 / g.lanes;
   const int first = static_cast<int>(warp - static_cast<uint32_t>(token) * g.div_token_warps.divisor) * rows_per_warp;
   const int per_token = static_cast<int>(g.div_rows.divisor);
+  // A warp with a k or v row scans the later tokens' slots: its first round in flight beside the position.
+  const bool scans = a.heads > 0 && first + rows_per_warp > a.q_heads && first < per_token;  // (warp-uniform)
+  LaterSlots later{};
+  if (scans) later = first_later_slots(a, token);
   const int j = first + lane / g.lanes;
   const int unit = lane & (g.lanes - 1);
   const bool row_ok = j < per_token, active = row_ok && unit < g.units;
@@ -60,9 +64,7 @@ __global__ void __launch_bounds__(kAppendTokenBlockThreads)
     if (stream_p[0] < 0 || stream_p[1] < 0) p = -1;
   }
   const bool in_range = slot >= 0 && slot < a.num_slots;
-  // The warp's rows include a k or v row: whether the slot is this token's to write.
-  if (in_range && first + rows_per_warp > a.q_heads && first < per_token && later_names_slot<kMrope>(a, token, slot))
-    slot = -1;
+  if (scans && in_range && later_names_slot<kMrope>(a, token, slot, later)) slot = -1;  // (not this token's to write)
   if (first == 0 && lane == 0 && a.error_flag != nullptr) {
     if (p < 0)
       atomicOr(a.error_flag, kErrorPositionIdOutOfRange);

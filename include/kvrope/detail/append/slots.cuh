@@ -56,35 +56,47 @@ __device__ __forceinline__ void for_later_slots(const AppendArgs<T, C>& a, int64
   for_later_slots(a.slots, a.tokens, first, stride, static_cast<F&&>(f));
 }
 
-//! Whether a token after `token` (of `tokens`) for which valid(u) holds names `slot` (in range): the whole
-//! warp scans, every lane must call it. The last writer of a slot is the only token this is false for.
-template <typename Valid>
-__device__ __forceinline__ bool later_names_slot(const int64_t* slots, int64_t tokens, int64_t token, int64_t slot,
-                                                 Valid&& valid) {
-  bool found = false;
-  for_later_slots(slots, tokens, token + 1 + (threadIdx.x & 31), 32, [&](int64_t s, int64_t u) {
-    if (s == slot && valid(u)) found = true;
-  });
-  return __any_sync(0xffffffffu, found);
+//! The first round of a warp's scan of the slots after a token's (later_names_slot): lane l's
+//! kAppendSlotLoads slots, tokens token + 1 + l + 32 k (-1 past the call's end).
+struct LaterSlots {
+  int64_t s[kAppendSlotLoads];
+};
+
+//! Loads the first round of the scan after `token`, so that it is in flight beside the token's position.
+template <typename T, typename C>
+__device__ __forceinline__ LaterSlots first_later_slots(const AppendArgs<T, C>& a, int64_t token) {
+  LaterSlots l;
+  const int64_t first = token + 1 + (threadIdx.x & 31);
+#pragma unroll
+  for (int k = 0; k < kAppendSlotLoads; ++k) l.s[k] = first + 32 * k < a.tokens ? a.slots[first + 32 * k] : -1;
+  return l;
 }
 
 //! Whether a later token of the call with its position in range (kMrope: its three) names `slot` (in
-//! range): the whole warp scans, every lane must call it.
+//! range), the scan's first round loaded (first_later_slots): the whole warp scans, every lane must call
+//! it. The last writer of a slot is the only token this is false for. The later slots alone first (a
+//! compare a slot: the common call, where none names it, pays no position load or branch a slot); only
+//! when one does, which of those tokens count.
 template <bool kMrope, typename T, typename C>
-__device__ __forceinline__ bool later_names_slot(const AppendArgs<T, C>& a, int64_t token, int64_t slot) {
-  bool found = later_names_slot(a.slots, a.tokens, token, slot,
-                                [&](int64_t u) { return checked_position(a, stream_position(a, u, 0)) >= 0; });
+__device__ __forceinline__ bool later_names_slot(const AppendArgs<T, C>& a, int64_t token, int64_t slot,
+                                                 const LaterSlots& head) {
+  const int64_t first = token + 1 + (threadIdx.x & 31);
+  bool named = false;
+#pragma unroll
+  for (int k = 0; k < kAppendSlotLoads; ++k) named |= head.s[k] == slot;
+  for_later_slots(a, first + 32 * kAppendSlotLoads, 32, [&](int64_t s, int64_t) { named |= s == slot; });
+  if (!__any_sync(0xffffffffu, named)) return false;
+  bool found = false;
   if constexpr (kMrope) {
-    // Only when a later token names the slot (warp-uniform), those tokens again, one at a time, with their
-    // three positions (checked in the batched scan they held 17 more registers).
-    if (found) {
-      bool any = false;
-      for (int64_t u = token + 1 + (threadIdx.x & 31); u < a.tokens; u += 32)
-        if (a.slots[u] == slot && append_position(a, u) >= 0) any = true;
-      found = __any_sync(0xffffffffu, any);
-    }
+    // (one token at a time: the three positions checked in the batched scan held 17 more registers)
+    for (int64_t u = first; u < a.tokens; u += 32)
+      if (a.slots[u] == slot && append_position(a, u) >= 0) found = true;
+  } else {
+    for_later_slots(a, first, 32, [&](int64_t s, int64_t u) {
+      if (s == slot && checked_position(a, stream_position(a, u, 0)) >= 0) found = true;
+    });
   }
-  return found;
+  return __any_sync(0xffffffffu, found);
 }
 
 //! An empty key of a tile's slot table (no slot in range has all bits set).
