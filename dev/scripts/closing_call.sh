@@ -17,7 +17,7 @@ set -uo pipefail
 source .deps/gpu-env.sh
 out=${OUT:-out}
 logs=$out/logs
-mkdir -p "$logs"
+rm -rf "$logs" && mkdir -p "$logs"  # (a machine once returned an earlier call's logs here)
 bases=(${BASE:-build-base})  # (several, space-separated: each is built and timed beside this tree)
 iters=${ITERS:-50}
 summary=()
