@@ -21,7 +21,8 @@
 
 namespace kvrope_bench {
 
-// The CUPTI times of `iters` calls of launch(stream), each after the L2 flush (two calls before them dropped).
+// The times of `iters` calls of launch(stream) (CUPTI's span, or CUDA events with --clock=events), each after the
+// L2 flush (two calls before them dropped).
 template <typename Launch>
 std::vector<double> study_times_us(GpuClock& clock, int64_t iters, Launch&& launch) {
   std::vector<double> t;
@@ -35,12 +36,14 @@ std::vector<double> study_times_us(GpuClock& clock, int64_t iters, Launch&& laun
   return t;
 }
 
-// `name [--iters=N] [--cases_csv=PATH]...`: table_study(clock, calibration, iters, path) for each table
-// (default: `tables`). Returns the process's exit status.
+// `name [--iters=N] [--cases_csv=PATH]... [--clock=events] [--flush=read]`: table_study(clock, calibration, iters,
+// path) for each table (default: `tables`). --clock=events and --flush=read as kvrope_bench has them (CUDA events
+// only, for runs under ncu or nsys; a flush by reads, which leaves L2 clean). Returns the process's exit status.
 template <typename TableStudy>
 int floor_study_main(int argc, char** argv, const char* name, std::vector<std::string> tables,
                      TableStudy&& table_study) {
   int64_t iters = 50;
+  bool cupti = true, flush_reads = false;
   std::vector<std::string> given;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -48,8 +51,12 @@ int floor_study_main(int argc, char** argv, const char* name, std::vector<std::s
       iters = std::atoll(arg.c_str() + 8);
     } else if (arg.rfind("--cases_csv=", 0) == 0) {
       given.push_back(arg.substr(12));
+    } else if (arg == "--clock=events") {
+      cupti = false;
+    } else if (arg == "--flush=read") {
+      flush_reads = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--iters=N] [--cases_csv=PATH]...\n", name);
+      std::fprintf(stderr, "usage: %s [--iters=N] [--cases_csv=PATH]... [--clock=events] [--flush=read]\n", name);
       return 2;
     }
   }
@@ -59,23 +66,23 @@ int floor_study_main(int argc, char** argv, const char* name, std::vector<std::s
     std::printf("%s: no CUDA device available; nothing to time.\n", name);
     return 0;
   }
-  cupti::init();
+  if (cupti) cupti::init();
   KVROPE_BENCH_CUDA(cudaFree(nullptr));
   const DeviceInfo device = query_device();
   cudaStream_t stream = nullptr;
   KVROPE_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    GpuClock clock(stream, device, false, true);
+    GpuClock clock(stream, device, flush_reads, true);
     const Calibration cal = calibrate(clock);
     std::printf(
-        "%s: %s, %d SMs; empty kernel %.3f us; copy bandwidth %.2f TB/s; CUPTI median of %lld calls, L2 "
-        "flushed before each\n",
+        "%s: %s, %d SMs; empty kernel %.3f us; copy bandwidth %.2f TB/s; %s median of %lld calls, L2 "
+        "flushed by %s before each\n",
         name, device.name.c_str(), device.sm_count, cal.empty_kernel_us, cal.bandwidth_bytes_per_us * 1e-6,
-        static_cast<long long>(iters));
+        cupti ? "CUPTI" : "CUDA-event", static_cast<long long>(iters), flush_reads ? "reads" : "writes");
     for (const std::string& path : tables) table_study(clock, cal, iters, path);
   }
   KVROPE_BENCH_CUDA(cudaStreamDestroy(stream));
-  KVROPE_BENCH_CUPTI(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
+  if (cupti) KVROPE_BENCH_CUPTI(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
   return 0;
 }
 
