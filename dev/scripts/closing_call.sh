@@ -2,7 +2,8 @@
 # The closing GPU call of a change, from the repository root on the GPU machine, within one 600 s call:
 # builds this tree (the GPU tests, the examples, the bench), the bench of each base tree in BASE (BASE/src,
 # carried: `git archive` of the commit compared against; several, space-separated) and, in the background, the PyTorch package and FlashInfer's JIT
-# modules; runs the examples, the GPU tests named in TESTS (default all; append_random: RANDOM_CONFIGS),
+# modules; runs the examples, the GPU tests named in TESTS (default all, TEST_TIMEOUT s each; append_random:
+# RANDOM_CONFIGS; mla_append: MLA_RANDOM_CONFIGS),
 # the A/B of the base and this tree on AB_SUITES (unchecked; default six), this tree's CHECKED_SUITES
 # checked (default the serve suites, with the host time), the serve suites' floor study (FLOOR=0 skips it), FlashInfer's comparison (bench/flashinfer_compare.py,
 # dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it, COMPARE=setup only sets FlashInfer up for pytest), compute-sanitizer's SANITIZE_TOOLS (default all
@@ -58,7 +59,9 @@ for e in backward_basic training_step custom_kernel; do
 done
 for t in ${TESTS-append forward backward launch random nvfp4 mla_append append_random}; do
   [[ $t == append_random ]] && continue
-  timeout 150 build-gpu/tests/gpu/gpu_$t > "$logs/gpu_$t.log" 2>&1
+  vars=()  # (gpu_mla_append's random configurations: MLA_RANDOM_CONFIGS, else the test's default)
+  [[ $t == mla_append && -n ${MLA_RANDOM_CONFIGS:-} ]] && vars=(KVROPE_RANDOM_CONFIGS=$MLA_RANDOM_CONFIGS)
+  env "${vars[@]}" timeout ${TEST_TIMEOUT:-150} build-gpu/tests/gpu/gpu_$t > "$logs/gpu_$t.log" 2>&1
   summary+=("gpu_$t: rc $? ($(grep -E 'passed|failed' "$logs/gpu_$t.log" | tail -n 1)) ($SECONDS s)")
 done
 if [[ " ${TESTS-append_random} " == *" append_random "* ]]; then
