@@ -212,7 +212,16 @@ def same_work_lines(name, suite, rows, extra, twins):
               f"{kv - kvb:+.2f} us ({kv:.2f} - {kvb:.2f}); FlashInfer same work {fi_diff}")
 
 
-def plot(out, path):
+def gpu_of(log):
+    """The GPU a kvrope_bench log ran on, from its first line ("kvrope_bench: NAME (sm_90), ...")."""
+    for line in open(log):
+        m = re.match(r"kvrope_bench: (.+?) \(sm_", line)
+        if m:
+            return m.group(1)
+    return "an unnamed GPU"
+
+
+def plot(out, path, gpu):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -239,7 +248,7 @@ def plot(out, path):
         ax.set_xticklabels([f"{r[1]}: {r[2].group('shape')} {r[2].group('hq')} {r[2].group('cache').replace('fp8_', '')} {r[2].group('lay')}"
                             for r in rows], fontsize=7, rotation=90)
         ax.set_ylabel("us (CUPTI span, L2 flushed, median of 50)")
-        ax.set_title(f"{suite}: kvrope against FlashInfer 0.7.4 on an H200")
+        ax.set_title(f"{suite}: kvrope against FlashInfer 0.7.4 on {gpu}")
         ax.grid(axis="y", which="both", alpha=0.3, zorder=0)
         ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
@@ -255,4 +264,4 @@ if __name__ == "__main__":
         del args[i : i + 2]
     rows = main(*args)
     if png:
-        plot(rows, png)
+        plot(rows, png, gpu_of(args[1]))
