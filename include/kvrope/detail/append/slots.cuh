@@ -86,16 +86,12 @@ __device__ __forceinline__ bool later_names_slot(const AppendArgs<T, C>& a, int6
   for (int k = 0; k < kAppendSlotLoads; ++k) named |= head.s[k] == slot;
   for_later_slots(a, first + 32 * kAppendSlotLoads, 32, [&](int64_t s, int64_t) { named |= s == slot; });
   if (!__any_sync(0xffffffffu, named)) return false;
+  // (one token at a time: only repeated slots come here, and mRoPE's three positions checked in a batched
+  // scan held 17 more registers)
   bool found = false;
-  if constexpr (kMrope) {
-    // (one token at a time: the three positions checked in the batched scan held 17 more registers)
-    for (int64_t u = first; u < a.tokens; u += 32)
-      if (a.slots[u] == slot && append_position(a, u) >= 0) found = true;
-  } else {
-    for_later_slots(a, first, 32, [&](int64_t s, int64_t u) {
-      if (s == slot && checked_position(a, stream_position(a, u, 0)) >= 0) found = true;
-    });
-  }
+  for (int64_t u = first; u < a.tokens; u += 32)
+    if (a.slots[u] == slot && (kMrope ? append_position(a, u) : checked_position(a, stream_position(a, u, 0))) >= 0)
+      found = true;
   return __any_sync(0xffffffffu, found);
 }
 
