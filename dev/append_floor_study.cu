@@ -8,7 +8,8 @@
 // planner, no bounds beyond the grid: what the protocol leaves for the two round trips (position, then table row) and
 // the stores, beside the floor and empty kernel the serve suites use. Timed by kvrope_bench's clock (bench/support),
 // the suites' cases and tokens (append_tokens).
-//   append_floor_study [--iters=N] [--cases_csv=serve-decode|serve-prefill]... [--clock=events] [--flush=read]
+//   append_floor_study [--iters=N] [--cases_csv=serve-decode|serve-prefill]... [--clock=cupti|events]
+//                      [--flush=write|read]
 #include <cuda_bf16.h>
 
 #include <cstdio>

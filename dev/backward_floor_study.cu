@@ -13,8 +13,8 @@
 // its first loads and its rows, whether the positions form one run (all S loaded, one barrier), as a
 // kernel that honours repeated rows must; it is not persistent, so large cases pay that S-fold.
 // Timed by kvrope_bench's clock (bench/support).
-//   backward_floor_study [--iters=N] [--cases_csv=PATH]... [--clock=events] [--flush=read]   (default: the leaderboard
-//   and the suites)
+//   backward_floor_study [--iters=N] [--cases_csv=PATH]... [--clock=cupti|events] [--flush=write|read]
+//   (default: the leaderboard and the suites)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

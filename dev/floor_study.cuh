@@ -36,9 +36,10 @@ std::vector<double> study_times_us(GpuClock& clock, int64_t iters, Launch&& laun
   return t;
 }
 
-// `name [--iters=N] [--cases_csv=PATH]... [--clock=events] [--flush=read]`: table_study(clock, calibration, iters,
-// path) for each table (default: `tables`). --clock=events and --flush=read as kvrope_bench has them (CUDA events
-// only, for runs under ncu or nsys; a flush by reads, which leaves L2 clean). Returns the process's exit status.
+// `name [--iters=N] [--cases_csv=PATH]... [--clock=cupti|events] [--flush=write|read]`: table_study(clock,
+// calibration, iters, path) for each table (default: `tables`). --clock and --flush as kvrope_bench has them
+// (events: CUDA events only, for runs under ncu or nsys; read: a flush by reads, which leaves L2 clean; the
+// defaults are the protocol's). Returns the process's exit status.
 template <typename TableStudy>
 int floor_study_main(int argc, char** argv, const char* name, std::vector<std::string> tables,
                      TableStudy&& table_study) {
@@ -51,12 +52,13 @@ int floor_study_main(int argc, char** argv, const char* name, std::vector<std::s
       iters = std::atoll(arg.c_str() + 8);
     } else if (arg.rfind("--cases_csv=", 0) == 0) {
       given.push_back(arg.substr(12));
-    } else if (arg == "--clock=events") {
-      cupti = false;
-    } else if (arg == "--flush=read") {
-      flush_reads = true;
+    } else if (arg == "--clock=cupti" || arg == "--clock=events") {
+      cupti = arg == "--clock=cupti";
+    } else if (arg == "--flush=write" || arg == "--flush=read") {
+      flush_reads = arg == "--flush=read";
     } else {
-      std::fprintf(stderr, "usage: %s [--iters=N] [--cases_csv=PATH]... [--clock=events] [--flush=read]\n", name);
+      std::fprintf(stderr, "usage: %s [--iters=N] [--cases_csv=PATH]... [--clock=cupti|events] [--flush=write|read]\n",
+                   name);
       return 2;
     }
   }

@@ -5,8 +5,8 @@
 // error flag, no general layouts: bf16, BHSD, H = 8, D = 128, positions arange, every item in one wave. Its CUPTI time
 // after the L2 flush is what the protocol leaves for one round trip and the stores, set beside the floor the suites
 // use. Timed by kvrope_bench's clock (bench/support).
-//   forward_floor_study [--iters=N] [--cases_csv=PATH]... [--clock=events] [--flush=read]   (default: the forward and
-//   decode tables)
+//   forward_floor_study [--iters=N] [--cases_csv=PATH]... [--clock=cupti|events] [--flush=write|read]
+//   (default: the forward and decode tables)
 #include <cuda_bf16.h>
 
 #include <cstdio>
