@@ -236,13 +236,13 @@ struct MlaCase {
 struct MlaCheckResult {
   int64_t checked = 0, bad = 0;
   std::string first;
-  //! Counts one element; the first mismatch is described as `what` then `suffix` (C strings: millions of
-  //! elements a call are checked, and a std::string an element took most of the check's time).
-  void expect(bool ok, const char* what, int64_t at, double got, double want, const char* suffix = "") {
+  //! Counts one element; the first mismatch is described as `what` (a C string: millions of elements a call
+  //! are checked, and a std::string an element took most of the check's time).
+  void expect(bool ok, const char* what, int64_t at, double got, double want) {
     ++checked;
     if (ok || bad++ > 0) return;
     std::ostringstream s;
-    s << what << suffix << " [" << at << "]: got " << got << ", expected " << want;
+    s << what << " [" << at << "]: got " << got << ", expected " << want;
     first = s.str();
   }
   bool ok() const { return bad == 0; }
@@ -257,9 +257,9 @@ bool same_bits(const U& a, const U& b) {
 template <typename U>
 void outside_unchanged(MlaCheckResult& r, const char* what, const std::vector<U>& before, const std::vector<U>& after,
                        const std::vector<char>& covered) {
+  const std::string label = std::string(what) + " (outside the rows)";  // (once a buffer, not an element)
   for (size_t i = 0; i < before.size(); ++i)
-    if (!covered[i])
-      r.expect(same_bits(before[i], after[i]), what, static_cast<int64_t>(i), 0.0, 0.0, " (outside the rows)");
+    if (!covered[i]) r.expect(same_bits(before[i], after[i]), label.c_str(), static_cast<int64_t>(i), 0.0, 0.0);
 }
 }  // namespace mla_detail
 
