@@ -95,34 +95,6 @@ TEST_CASE("append plan: a tile's tokens fill one wave, up to what its shared mem
   CHECK(g.hash_slots == 0);
 }
 
-TEST_CASE("append plan: tiles that keep enough rows go in waves, a block each", "[host][plan]") {
-  struct Case {
-    int64_t tokens, query_heads;
-    int tile_tokens;
-    int64_t grid;
-  };
-  // 132 SMs x 2 blocks: one wave is 264 tiles, kAppendTileWaves waves 1,056.
-  const Case cases[] = {
-      {4096, 64, 4, 1024},     // 4 tokens x 80 rows = 320 >= kAppendWaveTileRows: waves, the hardware hands them out
-      {8192, 32, 8, 1024},     // 8 x 48 = 384: waves
-      {8192, 64, 8, 1024},     // 8 x 80 = 640: waves
-      {4096, 32, 16, 256},     // 4 x 48 = 192 in waves: one wave of 16 tokens a tile instead
-      {2048, 64, 8, 256},      // 2 x 80 = 160 in waves: one wave
-      {1 << 20, 32, 64, 264},  // waves' tiles larger than shared memory holds: a stride of one wave's blocks
-  };
-  for (const Case& c : cases) {
-    INFO("T " << c.tokens << ", Hq " << c.query_heads);
-    AppendArgs<T, T> a = append_args(shape(c.tokens, 8, c.query_heads, 128));
-    AppendGeometry g{};
-    AppendPlan plan{};
-    plan_append_geometry(a, AppendPath::kTile, 8, 132, 2, g, plan);
-    CHECK(g.tile_tokens == c.tile_tokens);
-    CHECK(g.tiles == (c.tokens + c.tile_tokens - 1) / c.tile_tokens);
-    CHECK(plan.grid == c.grid);
-    CHECK(g.hash_slots >= 2 * c.tile_tokens);
-  }
-}
-
 TEST_CASE("append plan: the path follows from the shape alone", "[host][plan]") {
   CHECK(append_path(append_args(shape(0, 8, 32, 128)), 8) == AppendPath::kNone);
   CHECK(append_path(append_args(shape(1, 8, 32, 128)), 8) == AppendPath::kToken);

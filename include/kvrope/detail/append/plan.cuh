@@ -207,11 +207,6 @@ void plan_append_geometry(const AppendArgs<T, C>& a, AppendPath path, int n, int
   const int64_t wave = (a.tokens + capacity - 1) / capacity;
   g.tile_tokens =
       static_cast<int>(std::clamp<int64_t>(wave, 1, append_tile_max_tokens(g.table_row_bytes, a.heads > 0)));
-  // Where a tile of kAppendTileWaves waves still keeps kAppendWaveTileRows rows, tiles that small, a block
-  // each, handed out by the hardware: a block that ends early takes the next (fixed shares leave SMs unequal).
-  const int64_t wave_tokens = (a.tokens + kAppendTileWaves * capacity - 1) / (kAppendTileWaves * capacity);
-  const bool waves = wave_tokens * per_token >= kAppendWaveTileRows && wave_tokens < g.tile_tokens;
-  if (waves) g.tile_tokens = static_cast<int>(wave_tokens);
   // A small call's one-token tiles split over blocks so that a group finishes its rows in one pass
   // (a one-token tile at Hq = 64: 80 rows, two blocks of 40).
   const bool single = g.units <= 32;
@@ -229,7 +224,7 @@ void plan_append_geometry(const AppendArgs<T, C>& a, AppendPath path, int n, int
   g.ring_bytes = single ? append_ring_bytes<T>(n) : 0;
   plan.block = kAppendBlockThreads;
   plan.tile_tokens = g.tile_tokens;
-  plan.grid = static_cast<int>(waves ? g.tiles : std::clamp<int64_t>(g.tiles, 1, capacity));
+  plan.grid = static_cast<int>(std::clamp<int64_t>(g.tiles, 1, capacity));
   plan.shared_bytes = ring_offset(tile_layout(g.tile_tokens, g.hash_slots, g.table_row_bytes).bytes) + g.ring_bytes;
 }
 

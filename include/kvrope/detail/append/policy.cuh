@@ -17,10 +17,6 @@ inline constexpr int kAppendRowStages = 6;
 inline constexpr int kAppendGroupRowsAPass = 2;
 //! Most tokens a tile (its slot table and its scan of later slots are sized by it).
 inline constexpr int kAppendTileMaxTokens = 128;
-//! Waves of tiles a large call takes, handed out by the hardware (else one wave of larger tiles) ...
-inline constexpr int kAppendTileWaves = 4;
-//! ... while a tile of that many waves keeps this many rows (smaller tiles pay their staging more often).
-inline constexpr int kAppendWaveTileRows = 256;
 //! Slots a thread loads at once while scanning the later tokens for a slot.
 inline constexpr int kAppendSlotLoads = 8;
 //! Threads a block of the few-token path (4 warps: small calls still spread over many SMs).

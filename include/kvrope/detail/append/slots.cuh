@@ -50,17 +50,6 @@ __device__ __forceinline__ void for_later_slots(const int64_t* slots, int64_t to
   }
 }
 
-//! Prefetches slots[from, tokens) to L2, a 128-byte line a thread of `threads` (thread `tid`): a scan whose
-//! later rounds would each wait a DRAM round trip after the flush finds them in L2.
-__device__ __forceinline__ void prefetch_slots_l2(const int64_t* slots, int64_t tokens, int64_t from, int tid,
-                                                  int threads) {
-  if (from >= tokens) return;
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(slots + from) & ~uintptr_t{127};
-  const uintptr_t end = reinterpret_cast<uintptr_t>(slots + tokens);
-  for (uintptr_t line = begin + uintptr_t(tid) * 128; line < end; line += uintptr_t(threads) * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(line) : "memory");
-}
-
 //! The same over an append call's tokens.
 template <typename T, typename C, typename F>
 __device__ __forceinline__ void for_later_slots(const AppendArgs<T, C>& a, int64_t first, int64_t stride, F&& f) {

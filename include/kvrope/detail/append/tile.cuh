@@ -80,24 +80,12 @@ __device__ __forceinline__ void stage_mrope_rows(const AppendArgs<T, C>& a, cons
 //! Stages tile `tl` (every thread of the block; it ends with a barrier): each token's slot, its table
 //! row (copied while the later tokens' slots are scanned), and whether it is the last to write its slot:
 //! no later token with its position in range names it, in the tile (the slot table's `last`) or after
-//! it (a scan of every later slot against the table: its first round loaded at the top beside the tile's own
-//! slots, the rest prefetched to L2, so that its rounds after the flush wait no DRAM round trip each). A bad
-//! position or slot sets its bit of the error flag.
+//! it (a scan of every later slot against the table). A bad position or slot sets its bit of the error flag.
 template <typename T, typename C>
 __device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const AppendGeometry& g, const AppendTile& tl) {
   const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
   const SlotTable& st = tl.slots;
   const int hs = st.size;
-  // The scan's first round of later slots in flight while the tile is staged, the rest prefetched to L2.
-  const int64_t later_first = tl.first + tl.count + tid;
-  int64_t head[kAppendSlotLoads];
-#pragma unroll
-  for (int k = 0; k < kAppendSlotLoads; ++k) {
-    const int64_t u = later_first + int64_t{k} * threads;
-    head[k] = hs > 0 && u < a.tokens ? a.slots[u] : -1;
-  }
-  if (hs > 0)
-    prefetch_slots_l2(a.slots, a.tokens, tl.first + tl.count + int64_t{kAppendSlotLoads} * threads, tid, threads);
   for (int e = tid; e < hs; e += threads) {
     st.keys[e] = kAppendNoSlot;
     st.last[e] = -1;
@@ -141,32 +129,17 @@ __device__ __forceinline__ void stage_tile(const AppendArgs<T, C>& a, const Appe
     // A tile of one token (decode) needs no table: its slot is compared with each later one.
     const bool one = tl.count == 1;
     const int64_t own = tl.slot[0];
-    __shared__ unsigned long long bounds[2];  // the tile's least and greatest slot: a later slot outside is no match
-    if (tid == 0) {
-      bounds[0] = 0x7fffffffffffffffull;
-      bounds[1] = 0;
-    }
-    __syncthreads();
     if (!one) {
       for (int i = tid; i < tl.count; i += threads)
-        if (tl.slot[i] >= 0) {
-          atomicMax(&st.last[st.insert(tl.slot[i])], i);
-          atomicMin(&bounds[0], static_cast<unsigned long long>(tl.slot[i]));
-          atomicMax(&bounds[1], static_cast<unsigned long long>(tl.slot[i]));
-        }
+        if (tl.slot[i] >= 0) atomicMax(&st.last[st.insert(tl.slot[i])], i);
       __syncthreads();
     }
-    const int64_t lo = one ? own : static_cast<int64_t>(bounds[0]), hi = one ? own : static_cast<int64_t>(bounds[1]);
-    if (!one || own >= 0) {
-      auto mark = [&](int64_t s, int64_t u) {
-        if (s < lo || s > hi) return;  // (no slot of the tile outside [lo, hi]; lo >= 0)
+    if (!one || own >= 0)
+      for_later_slots(a, tl.first + tl.count + tid, threads, [&](int64_t s, int64_t u) {
+        if (s < 0 || s >= a.num_slots) return;
         const int e = one ? (s == own ? 0 : -1) : st.find(s);
         if (e >= 0 && append_position(a, u) >= 0) atomicOr(&st.later[e], 1);
-      };
-#pragma unroll
-      for (int k = 0; k < kAppendSlotLoads; ++k) mark(head[k], later_first + int64_t{k} * threads);
-      for_later_slots(a, later_first + int64_t{kAppendSlotLoads} * threads, threads, mark);
-    }
+      });
     __syncthreads();
     for (int i = tid; i < tl.count; i += threads) {
       if (tl.slot[i] < 0) continue;

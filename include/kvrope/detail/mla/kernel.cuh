@@ -127,8 +127,8 @@ struct MlaTileState {
 
 //! Stages the latent tile of `count` tokens from `first` (every thread of the block; it ends with a barrier):
 //! each token's slot, kept only when the token is the last with its position in range to name it, in the tile
-//! (the table's `last`) or after it (one scan of every later slot against the table, prefetched to L2 first). A bad
-//! position or slot sets its bit of the error flag.
+//! (the table's `last`) or after it (one scan of every later slot against the table). A bad position or slot
+//! sets its bit of the error flag.
 template <typename T, typename C>
 __device__ __forceinline__ void stage_mla_tile(const MlaArgs<T, C>& a, int64_t first, int count, MlaTileState& s) {
   const int tid = static_cast<int>(threadIdx.x);
@@ -136,7 +136,6 @@ __device__ __forceinline__ void stage_mla_tile(const MlaArgs<T, C>& a, int64_t f
   const auto valid = [&](int64_t u) {
     return mla_position(a, load_raw_index(a.positions, a.positions_are_int64, u)) >= 0;
   };
-  prefetch_slots_l2(a.slots, a.tokens, first + count, tid, kMlaBlockThreads);
   for (int e = tid; e < kMlaHashSlots; e += kMlaBlockThreads) {
     s.keys[e] = kAppendNoSlot;
     s.last[e] = -1;
