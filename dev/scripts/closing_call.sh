@@ -3,7 +3,7 @@
 # builds this tree (the GPU tests, the examples, the bench), the bench of each base tree in BASE (BASE/src,
 # carried: `git archive` of the commit compared against; several, space-separated) and, in the background, the PyTorch package and FlashInfer's JIT
 # modules; runs the examples, the GPU tests named in TESTS (default all, TEST_TIMEOUT s each; append_random:
-# RANDOM_CONFIGS; mla_append: MLA_RANDOM_CONFIGS),
+# RANDOM_CONFIGS; mla_append: MLA_RANDOM_CONFIGS, its random test then in MLA_RANDOM_SHARDS processes, default 8),
 # the A/B of the base and this tree on AB_SUITES (unchecked; default six), this tree's CHECKED_SUITES
 # checked (default the serve suites, with the host time), the serve suites' floor study (FLOOR=0 skips it), FlashInfer's comparison (bench/flashinfer_compare.py,
 # dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it, COMPARE=setup only sets FlashInfer up for pytest), compute-sanitizer's SANITIZE_TOOLS (default all
@@ -59,9 +59,25 @@ for e in backward_basic training_step custom_kernel; do
 done
 for t in ${TESTS-append forward backward launch random nvfp4 mla_append append_random}; do
   [[ $t == append_random ]] && continue
-  vars=()  # (gpu_mla_append's random configurations: MLA_RANDOM_CONFIGS, else the test's default)
-  [[ $t == mla_append && -n ${MLA_RANDOM_CONFIGS:-} ]] && vars=(KVROPE_RANDOM_CONFIGS=$MLA_RANDOM_CONFIGS)
-  env "${vars[@]}" timeout ${TEST_TIMEOUT:-150} build-gpu/tests/gpu/gpu_$t > "$logs/gpu_$t.log" 2>&1
+  if [[ $t == mla_append && -n ${MLA_RANDOM_CONFIGS:-} ]]; then
+    # MLA_RANDOM_CONFIGS random configurations (0.15-0.3 s each) in MLA_RANDOM_SHARDS processes at once, seeds
+    # 1, 2, ...: one process would take most of a call. The other cases once.
+    timeout ${TEST_TIMEOUT:-150} build-gpu/tests/gpu/gpu_mla_append "~[random]" > "$logs/gpu_mla_append.log" 2>&1
+    summary+=("gpu_mla_append ~[random]: rc $? ($(grep -E 'passed|failed' "$logs/gpu_mla_append.log" | tail -n 1)) ($SECONDS s)")
+    shards=${MLA_RANDOM_SHARDS:-8}
+    shard_pids=()
+    for ((seed = 1; seed <= shards; ++seed)); do
+      KVROPE_RANDOM_CONFIGS=$(((MLA_RANDOM_CONFIGS + shards - 1) / shards)) KVROPE_RANDOM_SEED=$seed \
+        timeout ${TEST_TIMEOUT:-150} build-gpu/tests/gpu/gpu_mla_append "[random]" > "$logs/mla_random_$seed.log" 2>&1 &
+      shard_pids+=($!)
+    done
+    for ((seed = 1; seed <= shards; ++seed)); do
+      wait ${shard_pids[$((seed - 1))]}
+      summary+=("gpu_mla_append [random] seed $seed x$(((MLA_RANDOM_CONFIGS + shards - 1) / shards)): rc $? ($(grep -E 'passed|failed' "$logs/mla_random_$seed.log" | tail -n 1)) ($SECONDS s)")
+    done
+    continue
+  fi
+  timeout ${TEST_TIMEOUT:-150} build-gpu/tests/gpu/gpu_$t > "$logs/gpu_$t.log" 2>&1
   summary+=("gpu_$t: rc $? ($(grep -E 'passed|failed' "$logs/gpu_$t.log" | tail -n 1)) ($SECONDS s)")
 done
 if [[ " ${TESTS-append_random} " == *" append_random "* ]]; then
