@@ -7,7 +7,7 @@
 # the A/B of the base and this tree on AB_SUITES (unchecked; default six), this tree's CHECKED_SUITES
 # checked (default the serve suites, with the host time), the serve suites' floor study (FLOOR=0 skips it), FlashInfer's comparison (bench/flashinfer_compare.py,
 # dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it, COMPARE=setup only sets FlashInfer up for pytest), compute-sanitizer's SANITIZE_TOOLS (default all
-# four) over SANITIZE_BINARIES (default gpu_append*; SANITIZE=0 skips them) and pytest over PYTEST_TESTS (default
+# four) over SANITIZE_BINARIES (default gpu_append*; random tests at SANITIZE_RANDOM_CONFIGS, default 20; SANITIZE=0 skips them) and pytest over PYTEST_TESTS (default
 # python/tests; PYTEST=0 skips it and the package build). AB_DECODE_CASES / AB_PREFILL_CASES limit the A/B's serve cases (default: all);
 # DECODE_VARIANTS the checked decode run's.
 # Logs in $OUT/logs.tar.gz (the device returns few files), the summary in $OUT/summary.txt. Carry .deps,
@@ -126,7 +126,10 @@ if [[ ${COMPARE:-1} == 1 ]] && (($(left) > 150)); then
     "$logs/serve-prefill.log" > "$logs/serve_vs_flashinfer.txt" 2>&1
 fi
 if [[ ${SANITIZE:-1} == 1 ]] && (($(left) > 60)); then
-  SANITIZE_TIMEOUT=$(($(left) - 40)) JOBS=12 BINARIES=${SANITIZE_BINARIES:-'gpu_append*'} timeout $(($(left) - 30)) \
+  # (the random tests at SANITIZE_RANDOM_CONFIGS configurations under a tool: their default 300, each slower
+  # under a sanitizer, would take the call)
+  KVROPE_RANDOM_CONFIGS=${SANITIZE_RANDOM_CONFIGS:-20} SANITIZE_TIMEOUT=$(($(left) - 40)) JOBS=12 \
+    BINARIES=${SANITIZE_BINARIES:-'gpu_append*'} timeout $(($(left) - 30)) \
     dev/scripts/sanitize_all.sh build-gpu /tmp/san "${SANITIZE_TOOLS:-racecheck memcheck initcheck synccheck}" \
     > "$logs/sanitize.txt" 2>&1
   summary+=("sanitize (${SANITIZE_TOOLS:-4 tools} over ${SANITIZE_BINARIES:-gpu_append*}): rc $? ($(tail -n 1 "$logs/sanitize.txt")) ($SECONDS s)")
