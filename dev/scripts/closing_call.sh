@@ -4,8 +4,8 @@
 # carried: `git archive` of the commit compared against; several, space-separated) and, in the background, the PyTorch package and FlashInfer's JIT
 # modules; runs the examples, the GPU tests named in TESTS (default all, TEST_TIMEOUT s each; append_random:
 # RANDOM_CONFIGS; mla_append: MLA_RANDOM_CONFIGS, its random test then in MLA_RANDOM_SHARDS processes, default 8),
-# the A/B of the base and this tree on AB_SUITES (unchecked; default six), this tree's CHECKED_SUITES
-# checked (default the serve suites, with the host time), the serve suites' floor study (FLOOR=0 skips it), FlashInfer's comparison (bench/flashinfer_compare.py,
+# the A/B of the base and this tree on AB_SUITES (unchecked; default six, empty none), this tree's CHECKED_SUITES
+# checked (default the serve suites, with the host time; empty none), the serve suites' floor study (FLOOR=0 skips it), FlashInfer's comparison (bench/flashinfer_compare.py,
 # dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it, COMPARE=setup only sets FlashInfer up for pytest), compute-sanitizer's SANITIZE_TOOLS (default all
 # four) over SANITIZE_BINARIES (default gpu_append*; random tests at SANITIZE_RANDOM_CONFIGS, default 20; SANITIZE=0 skips them) and pytest over PYTEST_TESTS (default
 # python/tests; PYTEST=0 skips it and the package build). AB_DECODE_CASES / AB_PREFILL_CASES limit the A/B's serve cases (default: all);
@@ -88,7 +88,7 @@ wait "${base_pids[@]}" $fi_pid  # (the package may still be building: pytest com
 for base in "${bases[@]}"; do summary+=("$(basename "$base") build: rc $(cat /tmp/$(basename "$base").rc)"); done
 summary+=("flashinfer JIT: rc $(cat /tmp/fi.rc) ($SECONDS s)")
 # A/B, unchecked, base then this tree: serve suites on the base's cases, the backward, the forward.
-for s in ${AB_SUITES:-serve-decode serve-prefill leaderboard forward decode styles}; do
+for s in ${AB_SUITES-serve-decode serve-prefill leaderboard forward decode styles}; do
   args=(--iters=$iters --no_check)
   case $s in
     serve-decode) args+=(--variants=kvrope,kvrope_kip ${AB_DECODE_CASES:+--cases=$AB_DECODE_CASES}) ;;
@@ -103,7 +103,7 @@ for s in ${AB_SUITES:-serve-decode serve-prefill leaderboard forward decode styl
     summary+=("ab $side $s: rc $? ($SECONDS s)")
   done
 done
-for s in ${CHECKED_SUITES:-serve-decode serve-prefill}; do
+for s in ${CHECKED_SUITES-serve-decode serve-prefill}; do
   extra=()  # (decode: the PDL pair too, when this tree's bench has it: DECODE_VARIANTS)
   [[ $s == serve-decode && -n ${DECODE_VARIANTS:-} ]] && extra=(--variants=$DECODE_VARIANTS)
   timeout 150 build-gpu/bench/kvrope_bench --suite=$s "${extra[@]}" --iters=$iters --kvrope_json="$logs/$s.json" \
