@@ -57,29 +57,30 @@ for e in backward_basic training_step custom_kernel; do
   timeout 60 build-gpu/examples/$e > "$logs/example_$e.log" 2>&1
   summary+=("example $e: rc $? ($(tail -n 1 "$logs/example_$e.log")) ($SECONDS s)")
 done
+tests_line() { grep -E 'passed|failed' "$1" | tail -n 1; }  # (a Catch2 log's verdict)
 for t in ${TESTS-append forward backward launch random nvfp4 mla_append append_random}; do
   [[ $t == append_random ]] && continue
-  if [[ $t == mla_append && -n ${MLA_RANDOM_CONFIGS:-} ]]; then
-    # MLA_RANDOM_CONFIGS random configurations (0.15-0.3 s each) in MLA_RANDOM_SHARDS processes at once, seeds
-    # 1, 2, ...: one process would take most of a call. The other cases once.
-    timeout ${TEST_TIMEOUT:-150} build-gpu/tests/gpu/gpu_mla_append "~[random]" > "$logs/gpu_mla_append.log" 2>&1
-    summary+=("gpu_mla_append ~[random]: rc $? ($(grep -E 'passed|failed' "$logs/gpu_mla_append.log" | tail -n 1)) ($SECONDS s)")
-    shards=${MLA_RANDOM_SHARDS:-8}
-    shard_pids=()
-    for ((seed = 1; seed <= shards; ++seed)); do
-      KVROPE_RANDOM_CONFIGS=$(((MLA_RANDOM_CONFIGS + shards - 1) / shards)) KVROPE_RANDOM_SEED=$seed \
-        timeout ${TEST_TIMEOUT:-150} build-gpu/tests/gpu/gpu_mla_append "[random]" > "$logs/mla_random_$seed.log" 2>&1 &
-      shard_pids+=($!)
-    done
-    for ((seed = 1; seed <= shards; ++seed)); do
-      wait ${shard_pids[$((seed - 1))]}
-      summary+=("gpu_mla_append [random] seed $seed x$(((MLA_RANDOM_CONFIGS + shards - 1) / shards)): rc $? ($(grep -E 'passed|failed' "$logs/mla_random_$seed.log" | tail -n 1)) ($SECONDS s)")
-    done
-    continue
-  fi
-  timeout ${TEST_TIMEOUT:-150} build-gpu/tests/gpu/gpu_$t > "$logs/gpu_$t.log" 2>&1
-  summary+=("gpu_$t: rc $? ($(grep -E 'passed|failed' "$logs/gpu_$t.log" | tail -n 1)) ($SECONDS s)")
+  filter=()  # (gpu_mla_append with MLA_RANDOM_CONFIGS: its random test in shards, below)
+  [[ $t == mla_append && -n ${MLA_RANDOM_CONFIGS:-} ]] && filter=("~[random]")
+  timeout ${TEST_TIMEOUT:-150} build-gpu/tests/gpu/gpu_$t "${filter[@]}" > "$logs/gpu_$t.log" 2>&1
+  summary+=("gpu_$t${filter[*]:+ ${filter[*]}}: rc $? ($(tests_line "$logs/gpu_$t.log")) ($SECONDS s)")
 done
+if [[ " ${TESTS-mla_append} " == *" mla_append "* && -n ${MLA_RANDOM_CONFIGS:-} ]]; then
+  # MLA_RANDOM_CONFIGS random configurations (0.15-0.3 s each) in MLA_RANDOM_SHARDS processes at once, seeds 1,
+  # 2, ...: one process would take most of a call.
+  shards=${MLA_RANDOM_SHARDS:-8}
+  per_shard=$(((MLA_RANDOM_CONFIGS + shards - 1) / shards))
+  shard_pids=()
+  for ((seed = 1; seed <= shards; ++seed)); do
+    KVROPE_RANDOM_CONFIGS=$per_shard KVROPE_RANDOM_SEED=$seed timeout ${TEST_TIMEOUT:-150} \
+      build-gpu/tests/gpu/gpu_mla_append "[random]" > "$logs/mla_random_$seed.log" 2>&1 &
+    shard_pids+=($!)
+  done
+  for ((seed = 1; seed <= shards; ++seed)); do
+    wait ${shard_pids[$((seed - 1))]}
+    summary+=("gpu_mla_append [random] seed $seed x$per_shard: rc $? ($(tests_line "$logs/mla_random_$seed.log")) ($SECONDS s)")
+  done
+fi
 if [[ " ${TESTS-append_random} " == *" append_random "* ]]; then
   KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} timeout 150 build-gpu/tests/gpu/gpu_append_random > "$logs/append_random.log" 2>&1
   summary+=("append_random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$logs/append_random.log" | head -n 1)) ($SECONDS s)")
