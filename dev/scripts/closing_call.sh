@@ -5,7 +5,7 @@
 # modules; runs the examples, the GPU tests named in TESTS (default all, TEST_TIMEOUT s each; append_random:
 # RANDOM_CONFIGS; mla_append: MLA_RANDOM_CONFIGS, its random test then in MLA_RANDOM_SHARDS processes, default 8),
 # the A/B of the base and this tree on AB_SUITES (unchecked; default six, empty none), this tree's CHECKED_SUITES
-# checked (default the serve suites, with the host time; empty none), the serve suites' floor study (FLOOR=0 skips it), FlashInfer's comparison (bench/flashinfer_compare.py,
+# checked (default the serve suites, with the host time; empty none; the comparison runs them whatever it says), the serve suites' floor study (FLOOR=0 skips it), FlashInfer's comparison (bench/flashinfer_compare.py,
 # dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it, COMPARE=setup only sets FlashInfer up for pytest), compute-sanitizer's SANITIZE_TOOLS (default all
 # four) over SANITIZE_BINARIES (default gpu_append*; random tests at SANITIZE_RANDOM_CONFIGS, default 20; SANITIZE=0 skips them) and pytest over PYTEST_TESTS (default
 # python/tests; PYTEST=0 skips it and the package build). AB_DECODE_CASES / AB_PREFILL_CASES limit the A/B's serve cases (default: all);
@@ -104,7 +104,12 @@ for s in ${AB_SUITES-serve-decode serve-prefill leaderboard forward decode style
     summary+=("ab $side $s: rc $? ($SECONDS s)")
   done
 done
-for s in ${CHECKED_SUITES-serve-decode serve-prefill}; do
+checked=(${CHECKED_SUITES-serve-decode serve-prefill})
+# (the comparison reads this tree's checked serve suites: they run whenever it does)
+if [[ ${COMPARE:-1} == 1 ]]; then
+  for s in serve-decode serve-prefill; do [[ " ${checked[*]} " == *" $s "* ]] || checked+=($s); done
+fi
+for s in "${checked[@]}"; do
   extra=()  # (decode: the PDL pair too, when this tree's bench has it: DECODE_VARIANTS)
   [[ $s == serve-decode && -n ${DECODE_VARIANTS:-} ]] && extra=(--variants=$DECODE_VARIANTS)
   timeout 150 build-gpu/bench/kvrope_bench --suite=$s "${extra[@]}" --iters=$iters --kvrope_json="$logs/$s.json" \
