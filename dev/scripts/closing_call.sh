@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# The closing GPU call of a change, from the repository root on the GPU machine, within one 600 s call:
-# builds this tree (the GPU tests, the examples, the bench), the bench of each base tree in BASE (BASE/src,
-# carried: `git archive` of the commit compared against; several, space-separated) and, in the background, the PyTorch package and FlashInfer's JIT
-# modules; runs the examples, the GPU tests named in TESTS (default all, TEST_TIMEOUT s each; append_random:
-# RANDOM_CONFIGS; mla_append: MLA_RANDOM_CONFIGS, its random test then in MLA_RANDOM_SHARDS processes, default 8),
-# the A/B of the base and this tree on AB_SUITES (unchecked; default six, empty none), this tree's CHECKED_SUITES
-# checked (default the serve suites, with the host time; empty none; the comparison runs them whatever it says), the serve suites' floor study (FLOOR=0 skips it), FlashInfer's comparison (bench/flashinfer_compare.py,
-# dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it, COMPARE=setup only sets FlashInfer up for pytest), compute-sanitizer's SANITIZE_TOOLS (default all
-# four) over SANITIZE_BINARIES (default gpu_append*; random tests at SANITIZE_RANDOM_CONFIGS, default 20; SANITIZE=0 skips them) and pytest over PYTEST_TESTS (default
-# python/tests; PYTEST=0 skips it and the package build). AB_DECODE_CASES / AB_PREFILL_CASES limit the A/B's serve cases (default: all);
-# DECODE_VARIANTS the checked decode run's.
-# Logs in $OUT/logs.tar.gz (the device returns few files), the summary in $OUT/summary.txt. Carry .deps,
-# peers and BASE. On an H100 every test binary, the A/B of the serve suites and the checked suites end near
-# 520 s, and the comparison (about 130 s) is skipped: name fewer TESTS, or compare in a call of its own.
+# The closing GPU call of a change, from the repository root on the GPU machine, within one 600 s call: builds
+# this tree (the GPU tests, the examples, the bench), the bench of each base tree in BASE (BASE/src, carried:
+# `git archive` of the commit compared against; several, space-separated) and, in the background, the PyTorch
+# package and FlashInfer's JIT modules; runs the examples, the GPU tests named in TESTS (default all,
+# TEST_TIMEOUT s each; append_random: RANDOM_CONFIGS; mla_append: MLA_RANDOM_CONFIGS, its random test then in
+# MLA_RANDOM_SHARDS processes, default 8), the A/B of the base and this tree on AB_SUITES (unchecked; default
+# six, empty none), this tree's CHECKED_SUITES checked (default the serve suites, with the host time; empty
+# none; the comparison runs them whatever it says), the serve suites' floor study (FLOOR=0 skips it),
+# FlashInfer's comparison (bench/flashinfer_compare.py, dev/scripts/serve_vs_flashinfer.py; COMPARE=0 skips it,
+# COMPARE=setup only sets FlashInfer up for pytest), compute-sanitizer's SANITIZE_TOOLS (default all four) over
+# SANITIZE_BINARIES (default gpu_append*; random tests at SANITIZE_RANDOM_CONFIGS, default 20; SANITIZE=0 skips
+# them) and pytest over PYTEST_TESTS (default python/tests; PYTEST=0 skips it and the package build).
+# AB_DECODE_CASES / AB_PREFILL_CASES limit the A/B's serve cases (default: all); DECODE_VARIANTS the checked
+# decode run's. Logs in $OUT/logs.tar.gz (the device returns few files), the summary in $OUT/summary.txt. Carry
+# .deps, peers and BASE. On an H100 every test binary, the A/B of the serve suites and the checked suites end
+# near 520 s, and the comparison (about 130 s) is skipped: name fewer TESTS, or compare in a call of its own.
 #   BASE=build-base dev/scripts/closing_call.sh
 set -uo pipefail
 source .deps/gpu-env.sh
@@ -83,7 +85,7 @@ if [[ " ${TESTS-mla_append} " == *" mla_append "* && -n ${MLA_RANDOM_CONFIGS:-} 
 fi
 if [[ " ${TESTS-append_random} " == *" append_random "* ]]; then
   KVROPE_RANDOM_CONFIGS=${RANDOM_CONFIGS:-2000} timeout 150 build-gpu/tests/gpu/gpu_append_random > "$logs/append_random.log" 2>&1
-  summary+=("append_random x${RANDOM_CONFIGS:-2000}: rc $? ($(tail -n 2 "$logs/append_random.log" | head -n 1)) ($SECONDS s)")
+  summary+=("append_random x${RANDOM_CONFIGS:-2000}: rc $? ($(tests_line "$logs/append_random.log")) ($SECONDS s)")
 fi
 wait "${base_pids[@]}" $fi_pid  # (the package may still be building: pytest comes last)
 for base in "${bases[@]}"; do summary+=("$(basename "$base") build: rc $(cat /tmp/$(basename "$base").rc)"); done
